@@ -1,0 +1,115 @@
+//! Compiled kernels keyed by (name, entry point, specialisation defines).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::preprocess;
+use crate::error::{DriftError, Result};
+
+/// One specialisation of a WGSL kernel.
+#[derive(Clone, Debug)]
+pub struct KernelSpec {
+    /// Name shown by the profiler (family and variant, e.g. `matvec_f16_sg`).
+    pub name: String,
+    pub source: &'static str,
+    pub entry: &'static str,
+    pub defines: Vec<(&'static str, String)>,
+}
+
+impl KernelSpec {
+    pub fn new(name: impl Into<String>, source: &'static str, entry: &'static str) -> KernelSpec {
+        KernelSpec {
+            name: name.into(),
+            source,
+            entry,
+            defines: Vec::new(),
+        }
+    }
+
+    pub fn define(mut self, key: &'static str, value: impl ToString) -> KernelSpec {
+        self.defines.push((key, value.to_string()));
+        self
+    }
+
+    pub fn defines(mut self, defs: Vec<(&'static str, String)>) -> KernelSpec {
+        self.defines.extend(defs);
+        self
+    }
+
+    fn key(&self) -> String {
+        let mut d = self.defines.clone();
+        d.sort();
+        format!("{}:{}:{:?}:{:p}", self.name, self.entry, d, self.source.as_ptr())
+    }
+}
+
+/// A compiled pipeline and its bind group layout.
+#[derive(Debug)]
+pub struct Kernel {
+    pub name: String,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+#[derive(Default)]
+pub struct KernelCache {
+    map: Mutex<HashMap<String, Arc<Kernel>>>,
+}
+
+impl KernelCache {
+    pub fn get(&self, device: &wgpu::Device, spec: &KernelSpec) -> Result<Arc<Kernel>> {
+        let key = spec.key();
+        if let Some(k) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(k.clone());
+        }
+        let kernel = Arc::new(compile(device, spec)?);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn compile(device: &wgpu::Device, spec: &KernelSpec) -> Result<Kernel> {
+    let source = preprocess(spec.source, &spec.defines).map_err(|e| match e {
+        DriftError::Shader { message, .. } => DriftError::Shader {
+            name: spec.name.clone(),
+            message,
+        },
+        other => other,
+    })?;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&spec.name),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&spec.name),
+        layout: None,
+        module: &module,
+        entry_point: Some(spec.entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(DriftError::Shader {
+            name: spec.name.clone(),
+            message: e.to_string(),
+        });
+    }
+    let layout = pipeline.get_bind_group_layout(0);
+    Ok(Kernel {
+        name: spec.name.clone(),
+        pipeline,
+        layout,
+    })
+}

@@ -1,0 +1,1 @@
+//! The matvec kernels.

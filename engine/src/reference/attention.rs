@@ -1,0 +1,1 @@
+//! CPU reference for the attention kernels (filled in with the kernels).

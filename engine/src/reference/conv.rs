@@ -1,0 +1,1 @@
+//! CPU reference for the conv kernels (filled in with the kernels).

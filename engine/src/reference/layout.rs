@@ -1,0 +1,1 @@
+//! CPU reference for the layout kernels (filled in with the kernels).

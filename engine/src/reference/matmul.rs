@@ -1,0 +1,1 @@
+//! CPU reference for the matmul kernels (filled in with the kernels).

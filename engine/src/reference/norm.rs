@@ -1,0 +1,1 @@
+//! CPU reference for the norm kernels (filled in with the kernels).

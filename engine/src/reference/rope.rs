@@ -1,0 +1,1 @@
+//! CPU reference for the rope kernels (filled in with the kernels).

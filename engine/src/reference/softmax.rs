@@ -1,0 +1,1 @@
+//! CPU reference for the softmax kernels (filled in with the kernels).
