@@ -58,6 +58,21 @@ impl Gpu {
         if workgroups.iter().any(|&w| w > max) {
             return Err(shape_err!("{}: grid {workgroups:?} is over the device's {max}", kernel.name));
         }
+        // Views of one buffer (an arena) read and written by one dispatch need the all-read_write variant.
+        let shares_buffer = tensors.iter().enumerate().any(|(i, a)| {
+            tensors[i + 1..]
+                .iter()
+                .any(|b| std::sync::Arc::ptr_eq(&a.storage.buffer, &b.storage.buffer))
+        });
+        let aliased_kernel;
+        let kernel = if shares_buffer && !kernel.spec.aliased {
+            let mut spec = kernel.spec.clone();
+            spec.aliased = true;
+            aliased_kernel = self.kernel(&spec)?;
+            &aliased_kernel
+        } else {
+            kernel
+        };
         let bindings = tensors
             .iter()
             .map(|t| t.binding(self.caps.max_storage_binding))

@@ -14,6 +14,10 @@ pub struct KernelSpec {
     pub source: &'static str,
     pub entry: &'static str,
     pub defines: Vec<(&'static str, String)>,
+    /// Compile every `var<storage, read>` as `read_write`. wgpu forbids one buffer bound read-only and
+    /// read-write in the same dispatch, which happens whenever inputs and outputs are views of one arena;
+    /// [`crate::Gpu::dispatch`] switches to this variant by itself when the tensors share a buffer.
+    pub aliased: bool,
 }
 
 impl KernelSpec {
@@ -23,6 +27,7 @@ impl KernelSpec {
             source,
             entry,
             defines: Vec::new(),
+            aliased: false,
         }
     }
 
@@ -39,7 +44,14 @@ impl KernelSpec {
     fn key(&self) -> String {
         let mut d = self.defines.clone();
         d.sort();
-        format!("{}:{}:{:?}:{:p}", self.name, self.entry, d, self.source.as_ptr())
+        format!(
+            "{}:{}:{:?}:{:p}:{}",
+            self.name,
+            self.entry,
+            d,
+            self.source.as_ptr(),
+            self.aliased
+        )
     }
 }
 
@@ -47,6 +59,7 @@ impl KernelSpec {
 #[derive(Debug)]
 pub struct Kernel {
     pub name: String,
+    pub spec: KernelSpec,
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
 }
@@ -80,13 +93,16 @@ impl KernelCache {
 }
 
 fn compile(device: &wgpu::Device, spec: &KernelSpec) -> Result<Kernel> {
-    let source = preprocess(spec.source, &spec.defines).map_err(|e| match e {
+    let mut source = preprocess(spec.source, &spec.defines).map_err(|e| match e {
         DriftError::Shader { message, .. } => DriftError::Shader {
             name: spec.name.clone(),
             message,
         },
         other => other,
     })?;
+    if spec.aliased {
+        source = source.replace("var<storage, read>", "var<storage, read_write>");
+    }
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(&spec.name),
@@ -109,6 +125,7 @@ fn compile(device: &wgpu::Device, spec: &KernelSpec) -> Result<Kernel> {
     let layout = pipeline.get_bind_group_layout(0);
     Ok(Kernel {
         name: spec.name.clone(),
+        spec: spec.clone(),
         pipeline,
         layout,
     })
