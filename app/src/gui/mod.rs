@@ -35,32 +35,96 @@ pub fn run() -> Result<()> {
                 .as_ref()
                 .ok_or("eframe started without its wgpu renderer")?;
             let gpu = Gpu::adopt(rs.adapter.clone(), rs.device.clone(), rs.queue.clone());
-            Ok(Box::new(DriftApp { gpu: Arc::new(gpu) }))
+            Ok(Box::new(DriftApp::new(Arc::new(gpu))))
         }),
     )
     .map_err(|e| anyhow!("could not open the window: {e}"))
 }
 
+/// The window until the chat/image/performance tabs land: the device, its features, live GPU memory,
+/// and the kernel self-test run on a worker thread on eframe's own device.
 struct DriftApp {
     gpu: Arc<Gpu>,
+    selftest: Option<std::sync::mpsc::Receiver<String>>,
+    selftest_result: Option<String>,
+}
+
+impl DriftApp {
+    fn new(gpu: Arc<Gpu>) -> DriftApp {
+        DriftApp {
+            gpu,
+            selftest: None,
+            selftest_result: None,
+        }
+    }
+
+    fn start_selftest(&mut self, ctx: &egui::Context) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gpu = self.gpu.clone();
+        let ctx = ctx.clone();
+        std::thread::spawn(move || {
+            let (mut rng, seed) = drift_engine::selftest::rng();
+            let msg = match drift_engine::selftest::run_all(&gpu, &mut rng) {
+                Ok(checks) => {
+                    let failed: Vec<_> = checks.iter().filter(|c| !c.passed).collect();
+                    let mut m = format!("{} checks, {} failed (seed {seed})", checks.len(), failed.len());
+                    for c in failed.iter().take(5) {
+                        m.push_str(&format!("\n{c}"));
+                    }
+                    m
+                }
+                Err(e) => format!("self-test error: {e}"),
+            };
+            let _ = tx.send(msg);
+            ctx.request_repaint();
+        });
+        self.selftest = Some(rx);
+    }
 }
 
 impl eframe::App for DriftApp {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        if let Some(rx) = &self.selftest
+            && let Ok(msg) = rx.try_recv()
+        {
+            self.selftest_result = Some(msg);
+            self.selftest = None;
+        }
+        let d = self.gpu.describe();
         egui::CentralPanel::default().show(ui, |ui| {
             ui.heading("Drift");
-            let d = self.gpu.describe();
             ui.label(format!("GPU: {} ({}, {})", d.name, d.backend, d.device_type));
             ui.separator();
-            ui.label("Features");
-            for f in &d.features {
-                ui.label(format!("{}  {}", if f.present { "✔" } else { "✖" }, f.name));
-            }
+            egui::Grid::new("features").striped(true).show(ui, |ui| {
+                for f in &d.features {
+                    ui.label(f.name);
+                    ui.label(if f.present { "yes" } else { "no" });
+                    ui.end_row();
+                }
+            });
             ui.separator();
             let m = self.gpu.memory_report();
-            ui.label(format!("Drift GPU memory: {:.1} MiB", m.total_bytes as f64 / 1048576.0));
-            for c in &m.categories {
-                ui.label(format!("  {}: {:.1} MiB", c.name, c.bytes as f64 / 1048576.0));
+            ui.label(format!("GPU memory used by Drift: {:.1} MiB", m.total_bytes as f64 / 1048576.0));
+            egui::Grid::new("memory").show(ui, |ui| {
+                for c in &m.categories {
+                    ui.label(c.name);
+                    ui.label(format!("{:.1} MiB (peak {:.1})", c.bytes as f64 / 1048576.0, c.peak_bytes as f64 / 1048576.0));
+                    ui.end_row();
+                }
+            });
+            ui.separator();
+            let running = self.selftest.is_some();
+            if ui.add_enabled(!running, egui::Button::new("Run kernel self-test")).clicked() {
+                self.start_selftest(ui.ctx());
+            }
+            if running {
+                ui.horizontal(|ui| {
+                    ui.spinner();
+                    ui.label("checking every kernel against CPU references...");
+                });
+            }
+            if let Some(r) = &self.selftest_result {
+                ui.label(r);
             }
         });
     }
