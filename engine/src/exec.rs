@@ -21,8 +21,8 @@ pub struct Cost {
     pub bytes: f64,
 }
 
-/// One kernel launch with everything bound.
-#[derive(Debug)]
+/// One kernel launch with everything bound. Cloning is cheap (handles are reference counted).
+#[derive(Clone, Debug)]
 pub struct Dispatch {
     pub name: String,
     pub kernel: Arc<Kernel>,

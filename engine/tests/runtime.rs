@@ -197,7 +197,9 @@ fn profiler_times_every_dispatch_and_exports_a_trace() {
 #[test]
 fn adopting_a_host_device_shares_it() {
     // What eframe does: the host opens adapter and device with Drift's descriptor; the engine adopts them.
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = wgpu::Backends::PRIMARY;
+    let instance = wgpu::Instance::new(desc);
     let adapter = pollster::block_on(instance.request_adapter(&Default::default())).unwrap();
     let (device, queue) =
         pollster::block_on(adapter.request_device(&drift_engine::gpu::device_descriptor(&adapter))).unwrap();

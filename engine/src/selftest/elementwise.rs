@@ -11,7 +11,7 @@ use crate::reference::elementwise as r;
 use crate::tensor::DType;
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
-    let mut out = Vec::new();
+    let mut out = vec![check_copy(gpu, rng)?];
     for dtype in float_dtypes(gpu) {
         for (sa, sb) in [
             (vec![7, 33], vec![7, 33]),
@@ -88,4 +88,20 @@ pub fn check_unary(gpu: &Gpu, rng: &mut Rng, op: UnaryOp, n: usize, dtype: DType
         2e-6,
         store_rtol(dtype).max(2e-6),
     ))
+}
+
+/// The bulk copy, between views at 16-byte aligned but not binding-aligned offsets.
+pub fn check_copy(gpu: &Gpu, rng: &mut Rng) -> Result<Check> {
+    let n = 4 * 1031;
+    let vals = random(rng, 2 * n + 8, -1.0, 1.0, DType::F32);
+    let all = gpu.tensor_from_f32("copy", &[2 * n + 8], DType::F32, &vals, Category::Activations)?;
+    let src = all.view(4, &[n])?;
+    let dst = all.view(n + 8, &[n])?;
+    gpu.poison(&dst)?;
+    let mut prog = Program::new();
+    prog.push(crate::kernels::copy::copy(gpu, &src, &dst)?);
+    prog.run(gpu)?;
+    let got = gpu.read_f32(&dst)?;
+    let want: Vec<f64> = vals[4..4 + n].iter().map(|&v| v as f64).collect();
+    Ok(compare(format!("copy [{n}] f32"), &got, &want, 0.0, 0.0))
 }
