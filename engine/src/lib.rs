@@ -11,13 +11,16 @@
 
 pub mod error;
 pub mod exec;
+pub mod formats;
 pub mod gpu;
 pub mod kernels;
 pub mod memory;
+pub mod models;
 pub mod profiler;
 pub mod reference;
 pub mod selftest;
 pub mod tensor;
+pub mod tokenize;
 
 pub use error::{DriftError, Result};
 pub use exec::{Dispatch, Program};

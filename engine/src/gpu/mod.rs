@@ -6,6 +6,7 @@ mod transfer;
 use std::sync::{Arc, Mutex};
 
 pub use caps::{Caps, wanted_features, wanted_limits};
+pub use transfer::{decode_f32, encode_f32};
 use serde::Serialize;
 
 use crate::error::{DriftError, Result};

@@ -1,0 +1,3 @@
+//! Model file formats, read memory-mapped with every offset checked against the file.
+
+pub mod safetensors;

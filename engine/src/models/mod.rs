@@ -1,0 +1,3 @@
+//! Model definitions: configuration, weights, and the dispatch programs they run.
+
+pub mod config;
