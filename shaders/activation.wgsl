@@ -1,4 +1,4 @@
-// Unary elementwise ops: out = f(x), computed in f32.
+// Unary elementwise ops: out = f(x), computed in f32; and SwiGLU (gated, two inputs per output).
 // Specialisation: T (f32|f16), F16, EXPR (a WGSL expression over f32 `x` and the scalar `p.alpha`).
 #if F16
 enable f16;
@@ -6,7 +6,7 @@ enable f16;
 
 struct Params {
     off_x: u32, off_out: u32, o2: u32, o3: u32, o4: u32, o5: u32, o6: u32, o7: u32,
-    n: u32, alpha: f32,
+    n: u32, alpha: f32, inner: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -36,4 +36,18 @@ fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     }
     let x = f32(src[p.off_x + i]);
     out[p.off_out + i] = {{T}}({{EXPR}});
+}
+
+// SwiGLU on a fused gate/up projection: gu rows are [gate (inner), up (inner)]; out = silu(gate) * up.
+@compute @workgroup_size(256)
+fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if i >= p.n {
+        return;
+    }
+    let row = i / p.inner;
+    let col = i % p.inner;
+    let g = f32(src[p.off_x + row * 2u * p.inner + col]);
+    let u = f32(src[p.off_x + row * 2u * p.inner + p.inner + col]);
+    out[p.off_out + i] = {{T}}(g / (1.0 + exp(-g)) * u);
 }

@@ -12,12 +12,14 @@
 pub mod error;
 pub mod exec;
 pub mod formats;
+pub mod generate;
 pub mod gpu;
 pub mod kernels;
 pub mod memory;
 pub mod models;
 pub mod profiler;
 pub mod reference;
+pub mod sampling;
 pub mod selftest;
 pub mod tensor;
 pub mod tokenize;

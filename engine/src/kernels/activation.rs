@@ -69,12 +69,35 @@ pub fn unary(gpu: &Gpu, op: UnaryOp, x: &Tensor, out: &Tensor) -> Result<Dispatc
     let kernel = gpu.kernel(&spec)?;
     gpu.dispatch(
         &kernel,
-        &[n, op.alpha().to_bits()],
+        &[n, op.alpha().to_bits(), 0],
         &[x, out],
         grid(n.div_ceil(256), gpu.caps.max_workgroups_per_dimension),
         Cost {
             flops: n as f64 * 8.0,
             bytes: 2.0 * n as f64 * x.elem_bytes() as f64,
+        },
+    )
+}
+
+/// `out[t, i] = silu(gu[t, i]) * gu[t, inner + i]` for a fused gate/up projection `gu` `[T, 2 inner]`.
+pub fn swiglu(gpu: &Gpu, gu: &Tensor, out: &Tensor) -> Result<Dispatch> {
+    let inner = out.dim(-1);
+    if gu.numel() != 2 * out.numel() || gu.dim(-1) != 2 * inner || gu.dtype != out.dtype {
+        return Err(shape_err!("swiglu: gate/up {:?} {:?} vs output {:?} {:?}", gu.shape, gu.dtype, out.shape, out.dtype));
+    }
+    let n = out.numel() as u32;
+    let spec = KernelSpec::new(format!("swiglu_{}", out.dtype.wgsl()), shader!("activation.wgsl"), "swiglu")
+        .defines(float_defines(out.dtype))
+        .define("EXPR", "x");
+    let kernel = gpu.kernel(&spec)?;
+    gpu.dispatch(
+        &kernel,
+        &[n, 0, inner as u32],
+        &[gu, out],
+        grid(n.div_ceil(256), gpu.caps.max_workgroups_per_dimension),
+        Cost {
+            flops: n as f64 * 6.0,
+            bytes: 3.0 * n as f64 * out.elem_bytes() as f64,
         },
     )
 }

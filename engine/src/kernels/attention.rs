@@ -1,1 +1,601 @@
-//! The attention kernels.
+//! Flash-style attention (online softmax, never the full score matrix): causal or not, grouped-query
+//! heads, over a preallocated KV cache whose valid length and query position come from a small GPU
+//! `step` tensor, so one prebuilt dispatch sequence serves every prefill and decode step.
+//!
+//! Two variants:
+//! - prefill (`shaders/attention.wgsl`): one workgroup per tile of query rows of one (batch, KV head)
+//!   (the query heads sharing a KV head are tiled together), K/V tiles staged once per query tile in
+//!   workgroup memory, tiles beyond the causal limit skipped; the 8-lane row-max reductions use
+//!   subgroup shuffles where the device has subgroups, workgroup memory otherwise;
+//! - decode (`shaders/attention_decode.wgsl`): few query rows; the KV sequence is split over
+//!   workgroups (flash-decoding) which write partial (max, sum, accumulator) rows to a scratch the
+//!   builder allocates once, and a second small dispatch merges them.
+//!
+//! A cooperative-matrix prefill would slot in as a third variant with the same arguments.
+
+use crate::error::{DriftError, Result};
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::Gpu;
+use crate::kernels::{KernelSpec, grid};
+use crate::memory::Category;
+use crate::tensor::{DType, Layout, Tensor};
+use crate::{shader, shape_err};
+
+/// Largest head dimension the kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Largest `Lq * Hq / Hkv` (query rows per KV head) the decode variant takes.
+pub const MAX_DECODE_ROWS: usize = 64;
+
+/// `Auto` picks decode when a KV head has at most this many query rows (`Lq * Hq / Hkv`).
+const AUTO_DECODE_ROWS: usize = 16;
+
+/// Workgroups the decode split aims for (a few per SM on a large GPU).
+const DECODE_TARGET_GROUPS: usize = 512;
+
+/// Most splits of the KV sequence in the decode variant (bounds the reduce's work and the scratch).
+const MAX_SPLITS: usize = 256;
+
+/// Prefill workgroups below which smaller query tiles are preferred (to fill the GPU).
+const PREFILL_TARGET_GROUPS: usize = 256;
+
+/// Which kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionVariant {
+    /// Decode when each KV head has few query rows (`Lq * Hq / Hkv <= 16`), else prefill.
+    #[default]
+    Auto,
+    /// Query tiles per workgroup, K/V tiles in workgroup memory.
+    Prefill,
+    /// KV sequence split over workgroups, then a merge dispatch.
+    Decode,
+}
+
+/// Options of [`attention`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionOptions {
+    /// Score scale; `None` is `1 / sqrt(D)`.
+    pub scale: Option<f32>,
+    /// Key `j` is visible to query row `i` iff `j <= q_pos0 + i` (and always `j < kv_len`).
+    pub causal: bool,
+    pub variant: AttentionVariant,
+    /// Subgroup reductions in the prefill kernel: `None` where the device has suitable subgroups,
+    /// `Some(false)` forces the workgroup-memory path, `Some(true)` fails where unsupported.
+    pub subgroups: Option<bool>,
+    /// Decode: number of KV splits (default: enough workgroups to fill a large GPU).
+    pub splits: Option<usize>,
+}
+
+impl AttentionOptions {
+    /// Causal self-attention with the default scale.
+    pub fn causal() -> AttentionOptions {
+        AttentionOptions {
+            causal: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Shapes of one call, checked.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    b: usize,
+    lq: usize,
+    lkv: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    /// Query heads per KV head.
+    g: usize,
+}
+
+impl Dims {
+    /// Query rows per (batch, KV head).
+    fn rows(&self) -> usize {
+        self.lq * self.g
+    }
+
+    /// (query, key) pairs one head visits at a full step (kv_len = Lkv, the last query row at the
+    /// last key when causal): the work [`Cost`] reports.
+    fn visible_pairs(&self, causal: bool) -> f64 {
+        if !causal {
+            return (self.lq * self.lkv) as f64;
+        }
+        let pos0 = self.lkv.saturating_sub(self.lq);
+        (0..self.lq)
+            .map(|i| (pos0 + i + 1).min(self.lkv) as f64)
+            .sum()
+    }
+}
+
+/// `out = softmax(q k^T * scale + mask) v` per query head.
+///
+/// - `q`: `[B, Lq, Hq, D]`, `out`: `[B, Lq, Hq, D]` (each f32 or f16);
+/// - `k`, `v`: `[B, Lkv, Hkv, D]`, one dtype (f32 or f16), `Hq` a multiple of `Hkv` (query head `h`
+///   reads KV head `h / (Hq / Hkv)`), `D` a multiple of 8 up to [`MAX_HEAD_DIM`];
+/// - `step`: u32 `[2]` = (kv_len, q_pos0), read by the GPU at run time: only K/V rows `< kv_len`
+///   (clamped to `Lkv`) are read, and query row `i` is at absolute position `q_pos0 + i`.
+///
+/// All tensors row-major. Returns one dispatch (prefill) or two (decode: split, merge).
+pub fn attention(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    opts: &AttentionOptions,
+) -> Result<Vec<Dispatch>> {
+    let dims = check(gpu, q, k, v, out, step)?;
+    let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+    match resolve_variant(&dims, opts) {
+        AttentionVariant::Decode => decode(gpu, q, k, v, out, step, &dims, scale, opts),
+        _ => Ok(vec![prefill(gpu, q, k, v, out, step, &dims, scale, opts)?]),
+    }
+}
+
+fn resolve_variant(dims: &Dims, opts: &AttentionOptions) -> AttentionVariant {
+    match opts.variant {
+        AttentionVariant::Auto if dims.rows() <= AUTO_DECODE_ROWS => AttentionVariant::Decode,
+        AttentionVariant::Auto => AttentionVariant::Prefill,
+        v => v,
+    }
+}
+
+fn check(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+) -> Result<Dims> {
+    if q.rank() != 4 || k.rank() != 4 {
+        return Err(shape_err!(
+            "attention: q must be [B, Lq, Hq, D] and k [B, Lkv, Hkv, D], got {:?} and {:?}",
+            q.shape,
+            k.shape
+        ));
+    }
+    let (b, lq, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (lkv, hkv) = (k.shape[1], k.shape[2]);
+    if k.shape[0] != b || k.shape[3] != d || v.shape != k.shape || out.shape != q.shape {
+        return Err(shape_err!(
+            "attention: q {:?}, k {:?}, v {:?}, out {:?} do not fit (k = v = [B, Lkv, Hkv, D], out = q)",
+            q.shape,
+            k.shape,
+            v.shape,
+            out.shape
+        ));
+    }
+    if b == 0 || lq == 0 || lkv == 0 || hkv == 0 || !hq.is_multiple_of(hkv) {
+        return Err(shape_err!(
+            "attention: empty shape or query heads {hq} not a multiple of KV heads {hkv}"
+        ));
+    }
+    if !d.is_multiple_of(8) || d > MAX_HEAD_DIM {
+        return Err(shape_err!(
+            "attention: head dim {d} must be a multiple of 8 and at most {MAX_HEAD_DIM}"
+        ));
+    }
+    for (t, what) in [(q, "q"), (k, "k"), (v, "v"), (out, "out")] {
+        if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
+            return Err(shape_err!(
+                "attention: {what} must be row-major f32 or f16, is {:?} {:?}",
+                t.dtype,
+                t.layout
+            ));
+        }
+    }
+    if v.dtype != k.dtype {
+        return Err(shape_err!(
+            "attention: k and v must share a dtype ({:?} vs {:?})",
+            k.dtype,
+            v.dtype
+        ));
+    }
+    if step.dtype != DType::U32 || step.numel() < 2 {
+        return Err(shape_err!(
+            "attention: step must be u32 [2] = (kv_len, q_pos0), is {:?} {:?}",
+            step.dtype,
+            step.shape
+        ));
+    }
+    let f16 = [q, k, out].iter().any(|t| t.dtype == DType::F16);
+    if f16 && !gpu.caps.f16 {
+        return Err(DriftError::Unsupported(
+            "f16 attention on a device without shader-f16".into(),
+        ));
+    }
+    if (b * lkv * hkv * d).max(b * lq * hq * d) >= u32::MAX as usize {
+        return Err(shape_err!("attention: tensors over 2^32 elements"));
+    }
+    Ok(Dims {
+        b,
+        lq,
+        lkv,
+        hq,
+        hkv,
+        d,
+        g: hq / hkv,
+    })
+}
+
+/// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4;
+/// every tensor is a whole number of D-rows, D a multiple of 8).
+fn vec4_ok(t: &Tensor) -> bool {
+    (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
+}
+
+fn flag(b: bool) -> &'static str {
+    if b { "1" } else { "0" }
+}
+
+/// Specialisation shared by both variants: element types and vector bindings.
+fn io_defines(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Vec<(&'static str, String)> {
+    let f16 = [q, k, out].iter().any(|t| t.dtype == DType::F16);
+    vec![
+        ("QT", q.dtype.wgsl().into()),
+        ("KT", k.dtype.wgsl().into()),
+        ("OT", out.dtype.wgsl().into()),
+        ("F16", flag(f16).into()),
+        ("QV", flag(vec4_ok(q)).into()),
+        ("KV", flag(vec4_ok(k) && vec4_ok(v)).into()),
+    ]
+}
+
+fn dtype_tag(q: &Tensor, k: &Tensor, out: &Tensor) -> String {
+    let t = |d: DType| if d == DType::F16 { "h" } else { "f" };
+    format!("{}{}{}", t(q.dtype), t(k.dtype), t(out.dtype))
+}
+
+/// Padded row stride (in vec4) of a workgroup-memory tile of D-rows: odd, so lanes reading the same
+/// column of consecutive rows hit different banks.
+fn padded_stride(d: usize) -> usize {
+    (d / 4) | 1
+}
+
+/// Prefill tile shape: `ny` row groups of 4 query rows, `tk` keys per lane (8 lanes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillTile {
+    pub ny: usize,
+    pub tk: usize,
+}
+
+impl PrefillTile {
+    pub fn query_rows(&self) -> usize {
+        4 * self.ny
+    }
+
+    pub fn keys(&self) -> usize {
+        8 * self.tk
+    }
+
+    pub fn threads(&self) -> usize {
+        8 * self.ny
+    }
+
+    /// Workgroup memory the kernel declares (mirrors `shaders/attention.wgsl`).
+    pub fn shared_bytes(&self, d: usize, subgroups: bool) -> usize {
+        let qs = padded_stride(d);
+        let vec4s = self.query_rows() * qs
+            + self.keys() * qs
+            + self.keys() * d / 4
+            + self.keys() * (self.ny + 1)
+            + if subgroups { 0 } else { self.threads() };
+        vec4s * 16
+    }
+}
+
+/// The largest prefill tile that fits the device's workgroup memory for head dim `d`, shrunk while
+/// `rows` query rows in `heads` (batch x KV heads) would give too few workgroups.
+pub fn prefill_tile(
+    gpu: &Gpu,
+    d: usize,
+    rows: usize,
+    heads: usize,
+    subgroups: bool,
+) -> Result<PrefillTile> {
+    let limit = gpu.caps.max_workgroup_storage as usize;
+    let threads = gpu.caps.max_invocations_per_workgroup as usize;
+    let candidates = [
+        (16, 4),
+        (16, 2),
+        (8, 4),
+        (8, 2),
+        (4, 4),
+        (4, 2),
+        (2, 2),
+        (1, 2),
+    ]
+    .map(|(ny, tk)| PrefillTile { ny, tk });
+    let fits: Vec<PrefillTile> = candidates
+        .into_iter()
+        .filter(|t| t.shared_bytes(d, subgroups) <= limit && t.threads() <= threads)
+        .collect();
+    let Some(&first) = fits.first() else {
+        return Err(DriftError::Unsupported(format!(
+            "attention: head dim {d} needs more workgroup memory than the device's {limit} bytes"
+        )));
+    };
+    // Small problems: trade query-tile size (K/V reuse) for workgroups, down to 16 query rows.
+    let groups = |t: &PrefillTile| heads * rows.div_ceil(t.query_rows());
+    let mut pick = first;
+    for t in fits.iter().filter(|t| t.tk == first.tk && t.ny >= 4) {
+        pick = *t;
+        if groups(t) >= PREFILL_TARGET_GROUPS {
+            break;
+        }
+    }
+    Ok(pick)
+}
+
+/// Whether the prefill kernel can use subgroup shuffles with `threads` invocations per workgroup:
+/// each 8-lane row group must sit in one subgroup, and subgroups must be full.
+fn subgroups_usable(gpu: &Gpu, threads: usize) -> bool {
+    let c = &gpu.caps;
+    c.subgroup
+        && c.subgroup_min_size >= 8
+        && c.subgroup_max_size.is_power_of_two()
+        && c.subgroup_max_size as usize <= threads
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prefill(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    dims: &Dims,
+    scale: f32,
+    opts: &AttentionOptions,
+) -> Result<Dispatch> {
+    let heads = dims.b * dims.hkv;
+    let rows = dims.rows();
+    // The tile decides the workgroup size, which decides whether subgroups are usable.
+    let sg_wanted = opts.subgroups != Some(false);
+    let mut tile = prefill_tile(gpu, dims.d, rows, heads, sg_wanted)?;
+    let sg = sg_wanted && subgroups_usable(gpu, tile.threads());
+    if opts.subgroups == Some(true) && !sg {
+        return Err(DriftError::Unsupported(format!(
+            "attention: subgroup reductions need subgroups of 8..={} lanes (device: {}, {}..={})",
+            tile.threads(),
+            gpu.caps.subgroup,
+            gpu.caps.subgroup_min_size,
+            gpu.caps.subgroup_max_size
+        )));
+    }
+    if sg_wanted && !sg {
+        // The workgroup-memory reduction needs a little more memory: the tile may shrink.
+        tile = prefill_tile(gpu, dims.d, rows, heads, false)?;
+    }
+    let d = dims.d;
+    let vw4 = d.is_multiple_of(32);
+    let nc = if vw4 { d / 32 } else { d / 8 };
+    let tiles = rows.div_ceil(tile.query_rows());
+    let groups = heads * tiles;
+    let name = format!(
+        "attention_prefill_d{d}_{}{}{}",
+        dtype_tag(q, k, out),
+        if opts.causal { "_causal" } else { "" },
+        if sg { "_sg" } else { "" }
+    );
+    let spec = KernelSpec::new(name, shader!("attention.wgsl"), "prefill")
+        .defines(io_defines(q, k, v, out))
+        .define("OV", flag(vw4 && vec4_ok(out)))
+        .define("D", d)
+        .define("QS", padded_stride(d))
+        .define("NY", tile.ny)
+        .define("TK", tile.tk)
+        .define("NT", tile.threads())
+        .define("VW4", flag(vw4))
+        .define("NC", nc)
+        .define("G", dims.g)
+        .define("CAUSAL", flag(opts.causal))
+        .define("SG", flag(sg));
+    let kernel = gpu.kernel(&spec)?;
+    let params = [
+        rows as u32,
+        dims.lq as u32,
+        dims.lkv as u32,
+        dims.hq as u32,
+        dims.hkv as u32,
+        tiles as u32,
+        groups as u32,
+        scale.to_bits(),
+    ];
+    // K/V bytes: each query tile streams the keys up to its causal limit once.
+    let kv_rows: f64 = (0..tiles)
+        .map(|t| {
+            if !opts.causal {
+                return dims.lkv as f64;
+            }
+            let pos0 = dims.lkv.saturating_sub(dims.lq);
+            let last = ((t + 1) * tile.query_rows()).min(rows) - 1;
+            (pos0 + last / dims.g + 1).min(dims.lkv) as f64
+        })
+        .sum();
+    let cost = Cost {
+        flops: 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(opts.causal),
+        bytes: (q.byte_len() + out.byte_len()) as f64
+            + heads as f64 * kv_rows * (2 * d) as f64 * k.elem_bytes() as f64,
+    };
+    gpu.dispatch(
+        &kernel,
+        &params,
+        &[q, k, v, step, out],
+        grid(groups as u32, gpu.caps.max_workgroups_per_dimension),
+        cost,
+    )
+}
+
+/// Decode tile: keys staged per step of the split kernel (largest that fits workgroup memory).
+fn decode_keys(gpu: &Gpu, d: usize, rows: usize, ksplit: bool) -> Result<usize> {
+    let limit = gpu.caps.max_workgroup_storage as usize;
+    let bytes = |t: usize| {
+        16 * (rows * d / 4 + t * padded_stride(d) + t * d / 4)
+            + 4 * (rows * t + 2 * rows)
+            + if ksplit { 128 * 20 } else { 0 }
+    };
+    [32, 16, 8]
+        .into_iter()
+        .find(|&t| bytes(t) <= limit)
+        .ok_or_else(|| {
+            DriftError::Unsupported(format!(
+                "attention: decode with {rows} rows of head dim {d} needs more workgroup memory than {limit} bytes"
+            ))
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    dims: &Dims,
+    scale: f32,
+    opts: &AttentionOptions,
+) -> Result<Vec<Dispatch>> {
+    let d = dims.d;
+    let rows = dims.rows();
+    if rows > MAX_DECODE_ROWS {
+        return Err(shape_err!(
+            "attention: the decode variant takes at most {MAX_DECODE_ROWS} query rows per KV head \
+             (Lq * Hq / Hkv = {rows}); use prefill"
+        ));
+    }
+    if gpu.caps.max_invocations_per_workgroup < 128 {
+        return Err(DriftError::Unsupported(
+            "attention: decode needs 128 invocations per workgroup".into(),
+        ));
+    }
+    // Mirrors the shader's lane layout: NG lane groups of D/4 lanes; key groups when rows are few.
+    let ng = 128 / (d / 4);
+    let rg = rows.min(ng);
+    let ksplit = ng / rg > 1;
+    let t = decode_keys(gpu, d, rows, ksplit)?;
+    let heads = dims.b * dims.hkv;
+    let splits = opts
+        .splits
+        .unwrap_or_else(|| DECODE_TARGET_GROUPS.div_ceil(heads))
+        .clamp(1, MAX_SPLITS)
+        .min(dims.lkv.div_ceil(t));
+    let part_rows = heads * splits * rows;
+    let part_o = gpu.tensor(
+        "attention partial acc",
+        &[part_rows, d],
+        DType::F32,
+        Category::Activations,
+    )?;
+    let part_ml = gpu.tensor(
+        "attention partial max/sum",
+        &[part_rows, 2],
+        DType::F32,
+        Category::Activations,
+    )?;
+
+    let tag = dtype_tag(q, k, out);
+    let common = |spec: KernelSpec| {
+        spec.defines(io_defines(q, k, v, out))
+            .define("D", d)
+            .define("T", t)
+            .define("R", rows)
+            .define("G", dims.g)
+            .define("CAUSAL", flag(opts.causal))
+    };
+    let split_spec = common(KernelSpec::new(
+        format!(
+            "attention_decode_d{d}_r{rows}_{tag}{}",
+            if opts.causal { "_causal" } else { "" }
+        ),
+        shader!("attention_decode.wgsl"),
+        "split",
+    ))
+    .define("REDUCE", "0")
+    .define("OV", "0")
+    .define("KS", padded_stride(d))
+    .define("KSPLIT", flag(ksplit));
+    let reduce_spec = common(KernelSpec::new(
+        format!("attention_decode_merge_d{d}_{tag}"),
+        shader!("attention_decode.wgsl"),
+        "reduce",
+    ))
+    .define("REDUCE", "1")
+    .define("OV", flag(vec4_ok(out)));
+    let split_kernel = gpu.kernel(&split_spec)?;
+    let reduce_kernel = gpu.kernel(&reduce_spec)?;
+
+    let groups = heads * splits;
+    let params = |groups: usize| {
+        [
+            dims.lq as u32,
+            dims.lkv as u32,
+            dims.hq as u32,
+            dims.hkv as u32,
+            splits as u32,
+            groups as u32,
+            scale.to_bits(),
+        ]
+    };
+    let part_bytes = (part_o.byte_len() + part_ml.byte_len()) as f64;
+    let flops = 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(opts.causal);
+    let max = gpu.caps.max_workgroups_per_dimension;
+    let split_dispatch = gpu.dispatch(
+        &split_kernel,
+        &params(groups),
+        &[q, k, v, step, &part_o, &part_ml],
+        grid(groups as u32, max),
+        Cost {
+            flops,
+            bytes: q.byte_len() as f64 + (k.byte_len() + v.byte_len()) as f64 + part_bytes,
+        },
+    )?;
+    let out_rows = dims.b * dims.lq * dims.hq;
+    let reduce_dispatch = gpu.dispatch(
+        &reduce_kernel,
+        &params(out_rows),
+        &[step, &part_o, &part_ml, out],
+        grid(out_rows as u32, max),
+        Cost {
+            flops: (out_rows * splits * (d + 4)) as f64 * 2.0,
+            bytes: part_bytes + out.byte_len() as f64,
+        },
+    )?;
+    Ok(vec![split_dispatch, reduce_dispatch])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_of_tiles() {
+        // D = 40 with the largest tile fits lavapipe's 32 KiB; D = 128 needs a smaller one.
+        let t = PrefillTile { ny: 16, tk: 4 };
+        assert!(t.shared_bytes(40, false) <= 32768);
+        assert!(t.shared_bytes(128, true) > 49152);
+        assert_eq!(padded_stride(64), 17);
+        assert_eq!(padded_stride(40), 11);
+    }
+
+    #[test]
+    fn visible_pairs() {
+        let d = Dims {
+            b: 1,
+            lq: 3,
+            lkv: 5,
+            hq: 1,
+            hkv: 1,
+            d: 8,
+            g: 1,
+        };
+        // Rows at positions 2, 3, 4 see 3, 4, 5 keys.
+        assert_eq!(d.visible_pairs(true), 12.0);
+        assert_eq!(d.visible_pairs(false), 15.0);
+    }
+}

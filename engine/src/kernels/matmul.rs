@@ -1,1 +1,333 @@
-//! The matmul kernels.
+//! The matmul kernels (prefill path): `out = a @ b` or `a @ b^T` (nn.Linear weights), batched, with an
+//! optional fused bias, f32 accumulation.
+//!
+//! Two variants: a portable tiled kernel (`shaders/matmul.wgsl`, 128x128 or 64x64 blocks, 8x8 or 4x4
+//! outputs per invocation, f32 inputs or f16 converted on load) and a cooperative-matrix kernel
+//! (`shaders/matmul_coop.wgsl`, tensor cores, f16 inputs only) for devices that report 16x16x16
+//! f16 x f16 -> f32 matrices.
+
+use crate::error::{DriftError, Result};
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::{Caps, Gpu};
+use crate::kernels::{KernelSpec, grid};
+use crate::tensor::{DType, Layout, RowShard, Tensor};
+use crate::{shader, shape_err};
+
+/// Which kernel computes the product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulVariant {
+    /// Cooperative matrices when the device has them and the inputs are f16, else tiled.
+    #[default]
+    Auto,
+    /// The portable tiled kernel.
+    Tiled,
+    /// Cooperative matrices (tensor cores); an error where the device lacks them.
+    Coop,
+}
+
+/// Block size of the tiled variant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulTile {
+    /// 128x128 when that still gives enough workgroups to fill the device, else 64x64.
+    #[default]
+    Auto,
+    /// 64x64 blocks, 4x4 outputs per invocation (8 KiB of workgroup memory).
+    T64,
+    /// 128x128 blocks, 8x8 outputs per invocation (16 KiB of workgroup memory).
+    T128,
+}
+
+/// Options of [`matmul`]. `Default` is a plain `a @ b` with automatic variant choice.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulOptions<'a> {
+    /// `b` is `[.., N, K]` (nn.Linear weight layout) instead of `[.., K, N]`.
+    pub transpose_b: bool,
+    /// `[N]` (f32 or f16) added to every output row.
+    pub bias: Option<&'a Tensor>,
+    pub variant: MatmulVariant,
+    pub tile: MatmulTile,
+}
+
+/// Floating-point operations of a (batched) matmul, bias excluded: `2 batch M N K`.
+pub fn matmul_flops(batch: usize, m: usize, n: usize, k: usize) -> f64 {
+    2.0 * batch as f64 * m as f64 * n as f64 * k as f64
+}
+
+/// Workgroups of the tiled variant below which 64x64 blocks are used (an H200 has 132 SMs; the
+/// 128x128 kernel fits about two workgroups per SM).
+const MIN_LARGE_TILES: usize = 256;
+
+/// `out = a @ b` (or `a @ b^T` with `opts.transpose_b`) `+ bias`.
+///
+/// `a`: `[.., M, K]`; `b`: `[K, N]` / `[N, K]` shared by every batch entry, or with the same leading
+/// batch dimensions as `a`; `out`: `[.., M, N]`. `a` and `b` share one float dtype (f32 or f16);
+/// `out` is f32 or f16; accumulation is f32.
+pub fn matmul(gpu: &Gpu, a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<Vec<Dispatch>> {
+    let s = check(a, b, out, opts)?;
+    let b_bytes = b.binding(gpu.caps.max_storage_binding).is_err();
+    if b_bytes && opts.transpose_b && !s.batched_b {
+        // A weight bigger than one binding: column blocks of the output, one row shard of b each.
+        let w = b.reshape(&[s.n, s.k])?;
+        return matmul_shards(gpu, a, &w.row_shards(gpu.caps.max_storage_binding)?, out, opts);
+    }
+    Ok(vec![build(gpu, a, b, out, opts, &s, 0, s.n)?])
+}
+
+/// `out = a @ W^T + bias` for a weight `W` `[N, K]` given as row shards (each bound separately, for
+/// weights bigger than one storage binding): one dispatch per shard, writing its columns of `out`.
+/// `opts.transpose_b` is implied.
+pub fn matmul_shards(
+    gpu: &Gpu,
+    a: &Tensor,
+    shards: &[RowShard],
+    out: &Tensor,
+    opts: &MatmulOptions,
+) -> Result<Vec<Dispatch>> {
+    let n: usize = shards.iter().map(|s| s.tensor.shape[0]).sum();
+    let k = a.shape.last().copied().unwrap_or(0);
+    let mut row = 0;
+    let mut ds = Vec::with_capacity(shards.len());
+    for sh in shards {
+        if sh.row_start != row || sh.tensor.rank() != 2 || sh.tensor.shape[1] != k {
+            return Err(shape_err!(
+                "matmul shards must tile a [N, {k}] weight in order; got rows {} of {:?}",
+                sh.row_start,
+                sh.tensor.shape
+            ));
+        }
+        row += sh.tensor.shape[0];
+    }
+    let full_opts = MatmulOptions {
+        transpose_b: true,
+        ..*opts
+    };
+    for sh in shards {
+        // Shape checks against the whole weight, then the shard's own geometry.
+        let whole = Tensor {
+            shape: vec![n, k],
+            ..sh.tensor.clone()
+        };
+        let s = check(a, &whole, out, &full_opts)?;
+        ds.push(build(gpu, a, &sh.tensor, out, &full_opts, &s, sh.row_start, sh.tensor.shape[0])?);
+    }
+    Ok(ds)
+}
+
+/// Shapes of a checked matmul.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    batched_b: bool,
+}
+
+fn float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16)
+}
+
+fn check(a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<Shape> {
+    if a.rank() < 2 || b.rank() < 2 || out.rank() != a.rank() {
+        return Err(shape_err!(
+            "matmul needs a [.., M, K], b [.., K, N] and out [.., M, N]; got {:?}, {:?}, {:?}",
+            a.shape,
+            b.shape,
+            out.shape
+        ));
+    }
+    if !float(a.dtype) || a.dtype != b.dtype || !float(out.dtype) {
+        return Err(shape_err!(
+            "matmul: a and b must share f32 or f16 and out be f32 or f16; got {:?}, {:?}, {:?}",
+            a.dtype,
+            b.dtype,
+            out.dtype
+        ));
+    }
+    for (t, what) in [(a, "a"), (b, "b"), (out, "out")] {
+        if t.layout != Layout::RowMajor {
+            return Err(shape_err!("matmul: {what} must be row-major, is {:?}", t.layout));
+        }
+    }
+    let (m, k) = (a.dim(-2), a.dim(-1));
+    let (bk, n) = if opts.transpose_b { (b.dim(-1), b.dim(-2)) } else { (b.dim(-2), b.dim(-1)) };
+    let lead = &a.shape[..a.rank() - 2];
+    let b_lead = &b.shape[..b.rank() - 2];
+    let batch: usize = lead.iter().product();
+    let batched_b = b_lead.iter().product::<usize>() != 1;
+    if bk != k || (batched_b && b_lead != lead) {
+        return Err(shape_err!(
+            "matmul: a {:?} and b {:?}{} do not match (K {k} vs {bk}; b's batch must equal a's or be absent)",
+            a.shape,
+            b.shape,
+            if opts.transpose_b { " (transposed)" } else { "" }
+        ));
+    }
+    if out.shape[..out.rank() - 2] != *lead || out.dim(-2) != m || out.dim(-1) != n {
+        return Err(shape_err!("matmul: out is {:?}, expected {lead:?} + [{m}, {n}]", out.shape));
+    }
+    if let Some(bias) = opts.bias {
+        if bias.numel() != n || !float(bias.dtype) {
+            return Err(shape_err!(
+                "matmul: bias must be [{n}] f32 or f16, is {:?} {:?}",
+                bias.shape,
+                bias.dtype
+            ));
+        }
+    }
+    Ok(Shape {
+        batch,
+        m,
+        n,
+        k,
+        batched_b,
+    })
+}
+
+fn needs_f16(caps: &Caps, dtypes: &[DType]) -> Result<bool> {
+    let any = dtypes.contains(&DType::F16);
+    if any && !caps.f16 {
+        return Err(DriftError::Unsupported("f16 tensors on a device without shader-f16".into()));
+    }
+    Ok(any)
+}
+
+/// Workgroup memory of the cooperative kernel: A and B tiles plus the f32 staging area.
+fn coop_smem(epi4: bool) -> u32 {
+    let tiles = (128 * 10 + 128 * 10) * 8; // transposed B; [K, N] B is 32 x 34 vec4, smaller
+    tiles + 4 * 16 * if epi4 { 64 } else { 16 } * 4
+}
+
+/// Whether the cooperative kernel can run here: 16x16 f16 matrices, a fixed subgroup size (the kernel
+/// is four subgroups) and the workgroup memory for the small staging area.
+pub fn coop_available(caps: &Caps) -> bool {
+    caps.coop_16x16_f16_f32
+        && caps.subgroup
+        && caps.subgroup_min_size == caps.subgroup_max_size
+        && caps.subgroup_max_size > 0
+        && 4 * caps.subgroup_max_size <= caps.max_invocations_per_workgroup
+        && coop_smem(false) <= caps.max_workgroup_storage
+}
+
+/// The variant that will run for these dtypes.
+pub fn choose_variant(caps: &Caps, dtype: DType, requested: MatmulVariant) -> Result<MatmulVariant> {
+    match requested {
+        MatmulVariant::Auto if dtype == DType::F16 && coop_available(caps) => Ok(MatmulVariant::Coop),
+        MatmulVariant::Auto | MatmulVariant::Tiled => Ok(MatmulVariant::Tiled),
+        MatmulVariant::Coop if dtype == DType::F16 && coop_available(caps) => Ok(MatmulVariant::Coop),
+        MatmulVariant::Coop => Err(DriftError::Unsupported(format!(
+            "cooperative-matrix matmul needs f16 inputs (got {dtype:?}) and a device with 16x16 f16 \
+             cooperative matrices, a fixed subgroup size and {} bytes of workgroup memory",
+            coop_smem(false)
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    gpu: &Gpu,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    opts: &MatmulOptions,
+    s: &Shape,
+    col0: usize,
+    n: usize,
+) -> Result<Dispatch> {
+    let caps = &gpu.caps;
+    let ba = a.binding(caps.max_storage_binding)?.base_elems as usize;
+    let bb = b.binding(caps.max_storage_binding)?.base_elems as usize;
+    let bo = out.binding(caps.max_storage_binding)?.base_elems as usize;
+    let bias_dtype = opts.bias.map(|t| t.dtype);
+    let mut dtypes = vec![a.dtype, out.dtype];
+    dtypes.extend(bias_dtype);
+    let f16 = needs_f16(caps, &dtypes)?;
+    let variant = choose_variant(caps, a.dtype, opts.variant)?;
+
+    let Shape { batch, m, k, .. } = *s;
+    let n_total = s.n;
+    let ldb = if opts.transpose_b { k } else { n_total };
+    let (a_bs, b_bs, out_bs) = (m * k, if s.batched_b { k * n_total } else { 0 }, m * n_total);
+    // Vector access needs the contiguous run and every base offset to be multiples of 4 elements.
+    let va = k % 4 == 0 && ba % 4 == 0;
+    let vb = ldb % 4 == 0 && bb % 4 == 0 && if opts.transpose_b { true } else { n % 4 == 0 };
+    let vo = n % 4 == 0 && n_total % 4 == 0 && col0 % 4 == 0 && bo % 4 == 0;
+    let bias_name = match bias_dtype {
+        Some(d) => format!("_bias{}", d.wgsl()),
+        None => String::new(),
+    };
+    let tb = bias_dtype.unwrap_or(out.dtype).wgsl();
+    let common = |spec: KernelSpec| {
+        spec.define("TO", out.dtype.wgsl())
+            .define("TB", tb)
+            .define("F16", u8::from(f16))
+            .define("VA", u8::from(va))
+            .define("VB", u8::from(vb))
+    };
+    let mut tensors = vec![a, b, out];
+
+    let (spec, block) = if variant == MatmulVariant::Coop {
+        let direct = vo && out.dtype == DType::F32 && opts.bias.is_none();
+        let epi4 = coop_smem(true) <= caps.max_workgroup_storage;
+        let name = format!(
+            "matmul_coop_f16{}_{}{bias_name}",
+            if opts.transpose_b { "_nt" } else { "" },
+            out.dtype.wgsl()
+        );
+        let spec = common(KernelSpec::new(name, shader!("matmul_coop.wgsl"), "matmul_coop"))
+            .define("TRANS_B", u8::from(opts.transpose_b))
+            .define("BIAS", u8::from(opts.bias.is_some()))
+            .define("WG", 4 * caps.subgroup_max_size)
+            .define("VO", u8::from(vo && !direct))
+            .define("DIRECT", u8::from(direct))
+            .define("EPI4", u8::from(epi4));
+        tensors.extend(opts.bias);
+        (spec, 128)
+    } else {
+        let count = |blk: usize| batch * m.div_ceil(blk) * n.div_ceil(blk);
+        let large = match opts.tile {
+            MatmulTile::T128 => true,
+            MatmulTile::T64 => false,
+            MatmulTile::Auto => count(128) >= MIN_LARGE_TILES,
+        } && 16 * 1024 <= caps.max_workgroup_storage;
+        let r = if large { 8 } else { 4 };
+        // The B layout and the bias are uniform flags: keep them out of the kernel name (part of the
+        // cache key) and put them in the dispatch name.
+        let name = format!("matmul_{}_{}_{}", a.dtype.wgsl(), out.dtype.wgsl(), 16 * r);
+        let spec = common(KernelSpec::new(name, shader!("matmul.wgsl"), "matmul"))
+            .define("T", a.dtype.wgsl())
+            .define("R", r)
+            .define("VO", u8::from(vo));
+        // The tiled kernel always has a bias binding (a uniform flag says whether to read it).
+        tensors.push(opts.bias.unwrap_or(a));
+        (spec, 16 * r)
+    };
+    let t0 = std::time::Instant::now();
+    let kernel = gpu.kernel(&spec)?;
+    eprintln!("KTIME {:?} {:?}", t0.elapsed(), spec.defines);
+    let (tiles_m, tiles_n) = (m.div_ceil(block), n.div_ceil(block));
+    let groups = batch * tiles_m * tiles_n;
+    if groups > u32::MAX as usize || batch * m * n_total > u32::MAX as usize {
+        return Err(shape_err!("matmul of {batch}x{m}x{n}x{k} is too large for 32-bit indexing"));
+    }
+    let flags = [usize::from(opts.transpose_b), usize::from(opts.bias.is_some())];
+    let params: Vec<u32> = [m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, n_total, col0, ldb]
+        .iter()
+        .chain(&flags)
+        .map(|&v| v as u32)
+        .collect();
+    let in_bytes = a.elem_bytes() as f64;
+    let cost = Cost {
+        flops: matmul_flops(batch, m, n, k) + opts.bias.map_or(0.0, |_| (batch * m * n) as f64),
+        // Each operand is read once from memory (tiles re-read it from cache), the output written once.
+        bytes: (batch * m * k) as f64 * in_bytes
+            + (if s.batched_b { batch } else { 1 } * n * k) as f64 * in_bytes
+            + (batch * m * n) as f64 * out.elem_bytes() as f64
+            + opts.bias.map_or(0.0, |t| (n as u64 * t.elem_bytes()) as f64),
+    };
+    let mut d = gpu.dispatch(&kernel, &params, &tensors, grid(groups as u32, caps.max_workgroups_per_dimension), cost)?;
+    if variant == MatmulVariant::Tiled {
+        d.name = format!("{}{}{bias_name}", d.name, if opts.transpose_b { "_nt" } else { "" });
+    }
+    Ok(d)
+}

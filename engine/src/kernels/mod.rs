@@ -20,7 +20,9 @@ pub mod layout;
 pub mod matmul;
 pub mod matvec;
 pub mod norm;
+pub mod qkv_rope;
 pub mod rope;
+pub mod sample;
 pub mod softmax;
 
 pub use cache::{Kernel, KernelCache, KernelSpec};

@@ -1,9 +1,300 @@
-//! Checks for the attention kernels.
+//! Checks for the attention kernels: causal and not, grouped-query heads, cross-attention, decode
+//! steps served by one prebuilt dispatch (kv_len and q_pos0 changed between runs), prefill after a
+//! cache prefix, head dims 32..160, f16 K/V under f32 q/out and all-f16, views at offsets (vector and
+//! scalar loads), both variants and both row-max reductions. K/V rows past kv_len are NaN, so a read
+//! of one shows up in the output.
 
-use super::{Check, Rng};
+use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
+use crate::exec::Program;
 use crate::gpu::Gpu;
+use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use crate::memory::Category;
+use crate::reference::attention::{self as r, Dims};
+use crate::tensor::{DType, Tensor};
 
-pub fn checks(_gpu: &Gpu, _rng: &mut Rng) -> Result<Vec<Check>> {
-    Ok(Vec::new())
+/// One attention configuration; run for one or more (kv_len, q_pos0) steps.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub batch: usize,
+    pub q_len: usize,
+    /// K/V rows allocated (the cache's capacity).
+    pub kv_max: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub scale: Option<f32>,
+    pub q_dtype: DType,
+    pub kv_dtype: DType,
+    pub out_dtype: DType,
+    pub variant: AttentionVariant,
+    pub subgroups: Option<bool>,
+    pub splits: Option<usize>,
+    /// Element offsets of q, k/v and out inside larger buffers (views).
+    pub q_offset: usize,
+    pub kv_offset: usize,
+    pub out_offset: usize,
+    /// (kv_len, q_pos0) per run of the same prebuilt dispatches.
+    pub steps: Vec<(usize, usize)>,
+}
+
+impl Case {
+    fn new(b: usize, lq: usize, lkv: usize, hq: usize, hkv: usize, d: usize, causal: bool) -> Case {
+        Case {
+            batch: b,
+            q_len: lq,
+            kv_max: lkv,
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            causal,
+            scale: None,
+            q_dtype: DType::F32,
+            kv_dtype: DType::F32,
+            out_dtype: DType::F32,
+            variant: AttentionVariant::Auto,
+            subgroups: None,
+            splits: None,
+            q_offset: 0,
+            kv_offset: 0,
+            out_offset: 0,
+            steps: vec![(lkv, 0)],
+        }
+    }
+
+    fn dtypes(self, q: DType, kv: DType, out: DType) -> Case {
+        Case {
+            q_dtype: q,
+            kv_dtype: kv,
+            out_dtype: out,
+            ..self
+        }
+    }
+
+    fn variant(self, variant: AttentionVariant) -> Case {
+        Case { variant, ..self }
+    }
+
+    fn steps(self, steps: &[(usize, usize)]) -> Case {
+        Case {
+            steps: steps.to_vec(),
+            ..self
+        }
+    }
+}
+
+pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    use AttentionVariant::{Decode, Prefill};
+    let f16 = gpu.caps.f16;
+    let (f, h) = (DType::F32, DType::F16);
+    let mut cases = vec![
+        // Grouped-query causal self-attention, 17 rows: odd against every tile size.
+        Case::new(1, 17, 17, 4, 2, 32, true),
+        Case::new(1, 17, 17, 4, 2, 32, true).variant(Decode),
+        // Non-causal, 3 heads, D = 40 (scalar output columns), batch 2.
+        Case::new(2, 33, 33, 3, 3, 40, false),
+        // Stable Diffusion cross-attention: 77 text tokens.
+        Case::new(2, 19, 77, 2, 2, 40, false),
+        Case::new(2, 19, 77, 2, 2, 40, false).variant(Decode),
+        // Decode: one dispatch sequence, kv_len growing; K/V capacity 1024, NaN past kv_len.
+        Case::new(1, 1, 1024, 8, 2, 64, true).steps(&[(1, 0), (5, 4), (300, 299), (1000, 999)]),
+        // Few splits: each split walks many tiles.
+        Case {
+            splits: Some(3),
+            ..Case::new(1, 1, 1024, 8, 2, 64, true).steps(&[(1000, 999), (33, 32)])
+        },
+        Case::new(1, 1, 1024, 8, 2, 64, true)
+            .variant(Prefill)
+            .steps(&[(300, 299), (2, 1)]),
+        // Prefill continuing after a 20-token cache prefix (both variants).
+        Case::new(1, 7, 40, 4, 2, 64, true).steps(&[(27, 20)]),
+        Case::new(1, 7, 40, 4, 2, 64, true)
+            .variant(Prefill)
+            .steps(&[(27, 20)]),
+        // Larger head dims; a steep softmax (scale 1) to stress the running-max rescaling.
+        Case::new(1, 9, 20, 2, 1, 128, true).steps(&[(20, 11)]),
+        Case {
+            scale: Some(1.0),
+            ..Case::new(1, 9, 20, 2, 1, 128, true)
+                .variant(Decode)
+                .steps(&[(20, 11)])
+        },
+        Case::new(1, 12, 12, 2, 2, 80, false),
+        Case::new(1, 12, 12, 2, 2, 80, false).variant(Prefill),
+        Case::new(1, 5, 9, 1, 1, 160, false),
+        Case::new(1, 5, 9, 1, 1, 160, false).variant(Prefill),
+        Case::new(1, 1, 50, 4, 4, 96, true).steps(&[(50, 49)]),
+        Case::new(1, 3, 50, 4, 4, 96, true)
+            .variant(Prefill)
+            .steps(&[(50, 47)]),
+        // Views: a q offset that keeps vec4 loads, K/V and out offsets that force scalar ones.
+        Case {
+            q_offset: 4,
+            kv_offset: 3,
+            out_offset: 6,
+            ..Case::new(1, 10, 21, 4, 1, 32, true).steps(&[(21, 11)])
+        },
+        Case {
+            q_offset: 8,
+            kv_offset: 12,
+            out_offset: 4,
+            ..Case::new(1, 1, 64, 4, 1, 32, true)
+                .variant(Decode)
+                .steps(&[(40, 39)])
+        },
+    ];
+    if gpu.caps.subgroup {
+        // The workgroup-memory reduction on a device that would pick subgroups.
+        cases.push(Case {
+            subgroups: Some(false),
+            ..Case::new(1, 17, 17, 4, 2, 32, true)
+        });
+        cases.push(Case {
+            subgroups: Some(false),
+            ..Case::new(2, 19, 77, 2, 2, 40, false)
+        });
+    }
+    if f16 {
+        cases.extend([
+            Case::new(1, 17, 17, 4, 2, 32, true).dtypes(f, h, f),
+            Case::new(1, 1, 1024, 8, 2, 64, true)
+                .dtypes(f, h, f)
+                .steps(&[(5, 4), (1000, 999)]),
+            Case::new(2, 33, 33, 3, 3, 40, false).dtypes(h, h, h),
+            Case::new(1, 1, 1024, 8, 2, 64, true)
+                .dtypes(h, h, h)
+                .steps(&[(300, 299)]),
+            Case {
+                kv_offset: 3,
+                out_offset: 2,
+                ..Case::new(1, 7, 40, 4, 2, 64, true)
+                    .dtypes(h, h, h)
+                    .variant(Prefill)
+                    .steps(&[(27, 20)])
+            },
+        ]);
+    }
+    let mut out = Vec::new();
+    for case in &cases {
+        out.extend(check(gpu, rng, case)?);
+    }
+    Ok(out)
+}
+
+/// A fresh buffer and a `shape` view `offset` elements into it.
+fn view(
+    gpu: &Gpu,
+    label: &str,
+    shape: &[usize],
+    offset: usize,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    let n: usize = shape.iter().product();
+    let full = gpu.tensor(label, &[offset + n], dtype, Category::Activations)?;
+    let view = full.view(offset, shape)?;
+    Ok((full, view))
+}
+
+/// Writes `values` into the view at `offset` of `full`, NaN before it (views may start at offsets
+/// a queue write cannot, so the whole buffer is written).
+fn write_at(gpu: &Gpu, full: &Tensor, offset: usize, values: &[f32]) -> Result<()> {
+    let mut all = vec![f32::NAN; offset];
+    all.extend_from_slice(values);
+    gpu.write_tensor_f32(full, &all)
+}
+
+/// Builds the dispatches once and runs them for every step of the case, one check per step.
+pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
+    let d = c.head_dim;
+    let q_shape = [c.batch, c.q_len, c.q_heads, d];
+    let kv_shape = [c.batch, c.kv_max, c.kv_heads, d];
+    let (q_full, q) = view(gpu, "q", &q_shape, c.q_offset, c.q_dtype)?;
+    let (k_full, k) = view(gpu, "k", &kv_shape, c.kv_offset, c.kv_dtype)?;
+    let (v_full, v) = view(gpu, "v", &kv_shape, c.kv_offset, c.kv_dtype)?;
+    let (o_full, o) = view(gpu, "out", &q_shape, c.out_offset, c.out_dtype)?;
+    let step = gpu.tensor("step", &[2], DType::U32, Category::Activations)?;
+    let opts = AttentionOptions {
+        scale: c.scale,
+        causal: c.causal,
+        variant: c.variant,
+        subgroups: c.subgroups,
+        splits: c.splits,
+    };
+    let mut prog = Program::new();
+    prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);
+    let kernel = prog
+        .dispatches
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    let scale = c.scale.unwrap_or(1.0 / (d as f32).sqrt()) as f64;
+    let dims = Dims {
+        batch: c.batch,
+        q_len: c.q_len,
+        kv_max: c.kv_max,
+        q_heads: c.q_heads,
+        kv_heads: c.kv_heads,
+        head_dim: d,
+    };
+    let row = c.kv_heads * d;
+    let mut checks = Vec::new();
+    for &(kv_len, q_pos0) in &c.steps {
+        // Fresh inputs each step; K/V rows at and past kv_len are NaN.
+        let qv = random(rng, q.numel(), -3.0, 3.0, c.q_dtype);
+        let mut kv = [
+            random(rng, k.numel(), -1.0, 1.0, c.kv_dtype),
+            random(rng, v.numel(), -1.0, 1.0, c.kv_dtype),
+        ];
+        for x in &mut kv {
+            for (i, val) in x.iter_mut().enumerate() {
+                if (i / row) % c.kv_max >= kv_len {
+                    *val = f32::NAN;
+                }
+            }
+        }
+        write_at(gpu, &q_full, c.q_offset, &qv)?;
+        write_at(gpu, &k_full, c.kv_offset, &kv[0])?;
+        write_at(gpu, &v_full, c.kv_offset, &kv[1])?;
+        gpu.write_tensor_bytes(&step, bytemuck::cast_slice(&[kv_len as u32, q_pos0 as u32]))?;
+        gpu.poison(&o_full)?;
+        prog.run(gpu)?;
+        let want = r::attention(&qv, &kv[0], &kv[1], dims, kv_len, q_pos0, scale, c.causal);
+        // Outputs are convex combinations of v in [-1, 1]: f32 errors come from the f32 scores
+        // (D-long dot products) and exp; f16 outputs are bounded by their rounding.
+        let atol = match c.out_dtype {
+            DType::F16 => 2e-4,
+            _ => 2e-6 + 2e-7 * (d as f64).sqrt() * scale.max(0.125) * 8.0,
+        };
+        let got = gpu.read_f32(&o)?;
+        checks.push(compare(
+            format!(
+                "{kernel} B{} Lq{} Lkv{}/{} H{}/{} D{d} pos{q_pos0}{}{}{}{}",
+                c.batch,
+                c.q_len,
+                kv_len,
+                c.kv_max,
+                c.q_heads,
+                c.kv_heads,
+                if c.causal { " causal" } else { "" },
+                c.splits.map(|s| format!(" splits{s}")).unwrap_or_default(),
+                if c.subgroups == Some(false) {
+                    " wg-reduce"
+                } else {
+                    ""
+                },
+                if c.q_offset + c.kv_offset + c.out_offset > 0 {
+                    format!(" views@{}/{}/{}", c.q_offset, c.kv_offset, c.out_offset)
+                } else {
+                    String::new()
+                }
+            ),
+            &got,
+            &want,
+            atol,
+            store_rtol(c.out_dtype).max(1e-5),
+        ));
+    }
+    Ok(checks)
 }

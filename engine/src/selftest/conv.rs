@@ -1,9 +1,186 @@
-//! Checks for the conv kernels.
+//! Checks for the conv kernels: the geometries SD uses (3x3 stride 1 and 2, 1x1, padding 0/1, the VAE's
+//! asymmetric padding) on odd sizes, both tile variants, both weight layouts, f32/f16 io, fused bias and
+//! residual, and views at unaligned offsets (which switch the vec4 paths off).
 
-use super::{Check, Rng};
+use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
+use crate::exec::Program;
 use crate::gpu::Gpu;
+use crate::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_weight_bytes};
+use crate::memory::Category;
+use crate::reference::conv::{self as r, ConvShape};
+use crate::tensor::{DType, Layout, Tensor};
 
-pub fn checks(_gpu: &Gpu, _rng: &mut Rng) -> Result<Vec<Check>> {
-    Ok(Vec::new())
+/// One convolution to check.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvCase {
+    /// Input `[N, C, H, W]`.
+    pub x: [usize; 4],
+    pub o: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub pad_end: Option<usize>,
+    /// Activation (x, out, residual) and weight/bias dtypes.
+    pub xdt: DType,
+    pub wdt: DType,
+    pub bias: bool,
+    pub residual: bool,
+    pub layout: Layout,
+    /// Element offsets of the x, w, out (and residual) views in their buffers.
+    pub offsets: [usize; 3],
+    pub variant: Conv2dVariant,
+}
+
+impl ConvCase {
+    fn new(x: [usize; 4], o: usize, k: usize, stride: usize, pad: usize) -> ConvCase {
+        ConvCase {
+            x,
+            o,
+            k,
+            stride,
+            pad,
+            pad_end: None,
+            xdt: DType::F32,
+            wdt: DType::F32,
+            bias: false,
+            residual: false,
+            layout: Layout::Transposed,
+            offsets: [0; 3],
+            variant: Conv2dVariant::Tile64,
+        }
+    }
+}
+
+/// The checked cases (f16 ones only where the device has f16).
+pub fn cases(gpu: &Gpu) -> Vec<ConvCase> {
+    let c = ConvCase::new;
+    let mut v = vec![
+        ConvCase { bias: true, ..c([2, 5, 9, 11], 7, 3, 1, 1) },
+        ConvCase { residual: true, layout: Layout::RowMajor, ..c([2, 5, 9, 11], 7, 3, 1, 1) },
+        ConvCase { bias: true, residual: true, ..c([1, 8, 16, 16], 16, 3, 2, 1) },
+        ConvCase { bias: true, ..c([2, 8, 15, 15], 16, 3, 2, 1) },
+        ConvCase { bias: true, ..c([2, 13, 8, 8], 6, 1, 1, 0) },
+        ConvCase { residual: true, ..c([1, 13, 7, 5], 6, 1, 1, 0) },
+        ConvCase { bias: true, ..c([1, 4, 7, 10], 8, 3, 1, 0) },
+        // Channels not a multiple of the 64-channel tile or the 16-deep K step; two channel tiles.
+        ConvCase { bias: true, residual: true, ..c([1, 19, 6, 7], 70, 3, 1, 1) },
+        // SD's VAE encoder downsample: pad (0, 1), stride 2.
+        ConvCase { pad_end: Some(1), bias: true, ..c([1, 6, 8, 8], 8, 3, 2, 0) },
+        // Every operand at an odd offset: scalar paths.
+        ConvCase { bias: true, residual: true, offsets: [3, 2, 1], ..c([1, 5, 6, 8], 12, 3, 1, 1) },
+        ConvCase { offsets: [3, 5, 7], layout: Layout::RowMajor, ..c([1, 6, 4, 4], 8, 1, 1, 0) },
+        // Aligned non-zero offsets keep the vec4 paths.
+        ConvCase { bias: true, residual: true, offsets: [4, 8, 12], ..c([1, 8, 4, 4], 8, 1, 1, 0) },
+    ];
+    if gpu.caps.f16 {
+        v.extend([
+            // f16 weights, f32 activations.
+            ConvCase { wdt: DType::F16, bias: true, ..c([2, 5, 9, 11], 12, 3, 1, 1) },
+            ConvCase { wdt: DType::F16, residual: true, layout: Layout::RowMajor, ..c([1, 7, 8, 6], 5, 3, 2, 1) },
+            // All f16.
+            ConvCase { xdt: DType::F16, wdt: DType::F16, bias: true, residual: true, ..c([2, 6, 10, 10], 20, 3, 1, 1) },
+            ConvCase { xdt: DType::F16, wdt: DType::F16, bias: true, ..c([1, 16, 8, 4], 8, 1, 1, 0) },
+            ConvCase { xdt: DType::F16, wdt: DType::F16, residual: true, offsets: [1, 3, 5], ..c([1, 9, 5, 7], 6, 3, 2, 1) },
+            ConvCase { xdt: DType::F16, wdt: DType::F32, bias: true, ..c([1, 3, 9, 9], 4, 3, 1, 1) },
+        ]);
+    }
+    // Both tile variants on every case.
+    v.iter()
+        .flat_map(|&c| [c, ConvCase { variant: Conv2dVariant::Tile128, ..c }])
+        .collect()
+}
+
+pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    cases(gpu).into_iter().map(|c| check_conv(gpu, rng, c)).collect()
+}
+
+fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        _ => bytemuck::cast_slice(values).to_vec(),
+    }
+}
+
+/// A tensor of `shape` holding `bytes`, placed `offset` elements into a larger buffer of junk.
+fn placed(gpu: &Gpu, shape: &[usize], dtype: DType, layout: Layout, bytes: &[u8], offset: usize) -> Result<Tensor> {
+    let eb = dtype.block_bytes();
+    let n: usize = shape.iter().product();
+    let mut all = encode(&vec![1e4; offset], dtype);
+    all.extend_from_slice(bytes);
+    all.resize((offset + n) * eb, 0);
+    let base = gpu.tensor_from_bytes("conv operand", &[offset + n], dtype, layout, &all, Category::Activations)?;
+    let mut t = base.view(offset, shape)?;
+    t.layout = layout;
+    Ok(t)
+}
+
+pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
+    let [n, ch, h, w] = c.x;
+    let (ho, wo) = conv2d_output_size((h, w), (c.k, c.k), c.stride, c.pad, c.pad_end)
+        .ok_or_else(|| crate::shape_err!("bad test case {c:?}"))?;
+    let g = ConvShape { x: c.x, o: c.o, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad, ho, wo };
+    let out_shape = [n, c.o, ho, wo];
+    let out_n = n * c.o * ho * wo;
+    let kred = ch * c.k * c.k;
+
+    let xv = random(rng, n * ch * h * w, -1.0, 1.0, c.xdt);
+    let wv = random(rng, c.o * kred, -1.0, 1.0, c.wdt);
+    let bv = random(rng, c.o, -1.0, 1.0, c.wdt);
+    let rv = random(rng, out_n, -2.0, 2.0, c.xdt);
+    let [xo, wofs, oo] = c.offsets;
+    let x = placed(gpu, &c.x, c.xdt, Layout::RowMajor, &encode(&xv, c.xdt), xo)?;
+    let wshape = [c.o, ch, c.k, c.k];
+    let wbytes = conv2d_weight_bytes(&encode(&wv, c.wdt), &wshape, c.wdt, c.layout)?;
+    let wt = placed(gpu, &wshape, c.wdt, c.layout, &wbytes, wofs)?;
+    let bias = if c.bias { Some(gpu.tensor_from_f32("bias", &[c.o], c.wdt, &bv, Category::Weights)?) } else { None };
+    let res = if c.residual {
+        Some(placed(gpu, &out_shape, c.xdt, Layout::RowMajor, &encode(&rv, c.xdt), oo + 4)?)
+    } else {
+        None
+    };
+    // The output sits `oo` elements into a poisoned buffer: the elements around it must stay untouched.
+    let out_base = gpu.tensor("out", &[oo + out_n + 5], c.xdt, Category::Activations)?;
+    gpu.poison(&out_base)?;
+    let out = out_base.view(oo, &out_shape)?;
+
+    let opts = Conv2dOptions {
+        stride: c.stride,
+        padding: c.pad,
+        padding_end: c.pad_end,
+        residual: res.as_ref(),
+        variant: c.variant,
+    };
+    let mut prog = Program::new();
+    prog.push(conv2d(gpu, &x, &wt, bias.as_ref(), &out, &opts)?);
+    prog.run(gpu)?;
+    let all = gpu.read_f32(&out_base)?;
+
+    let want = r::conv2d(&xv, &wv, c.bias.then_some(&bv[..]), c.residual.then_some(&rv[..]), g);
+    // f32 accumulation over K terms of |x w| <= 1: rounding grows like sqrt(K) ulps of the partial sums.
+    let atol = 1e-6 * (kred as f64).sqrt() + if c.xdt == DType::F16 { 1e-5 } else { 0.0 };
+    let name = format!(
+        "conv2d {}x{} s{} p{}{} x{:?} O{} {:?}/{:?} {:?}{}{} offs{:?} {:?}",
+        c.k,
+        c.k,
+        c.stride,
+        c.pad,
+        c.pad_end.map_or(String::new(), |e| format!("/{e}")),
+        c.x,
+        c.o,
+        c.xdt,
+        c.wdt,
+        c.layout,
+        if c.bias { " bias" } else { "" },
+        if c.residual { " res" } else { "" },
+        c.offsets,
+        c.variant
+    );
+    let mut check = compare(name, &all[oo..oo + out_n], &want, atol, store_rtol(c.xdt));
+    let outside = all[..oo].iter().chain(&all[oo + out_n..]).filter(|v| !v.is_nan()).count();
+    if outside > 0 {
+        check.passed = false;
+        check.detail = format!("{outside} elements written outside the output view; {}", check.detail);
+    }
+    Ok(check)
 }

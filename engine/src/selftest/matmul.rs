@@ -1,9 +1,177 @@
-//! Checks for the matmul kernels.
+//! Checks for the matmul kernels: odd sizes (edge tiles in every dimension), both B layouts, shared
+//! and per-batch B, bias, f32 and f16, operand views at non-zero offsets (scalar and vector paths),
+//! a sharded weight, and every variant the device has (tiled 64/128, cooperative matrix).
 
-use super::{Check, Rng};
+use super::{Check, Rng, compare, float_dtypes, random, store_rtol};
 use crate::error::Result;
+use crate::exec::Program;
 use crate::gpu::Gpu;
+use crate::kernels::matmul::{MatmulOptions, MatmulTile, MatmulVariant, coop_available, matmul, matmul_shards};
+use crate::memory::Category;
+use crate::reference::matmul::{self as r, MatmulShape};
+use crate::tensor::{DType, Tensor};
 
-pub fn checks(_gpu: &Gpu, _rng: &mut Rng) -> Result<Vec<Check>> {
-    Ok(Vec::new())
+/// One matmul check.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub transpose_b: bool,
+    pub batched_b: bool,
+    pub bias: bool,
+    pub dtype: DType,
+    pub out_dtype: DType,
+    /// Element offsets of `a` and `out` inside larger buffers (views).
+    pub a_offset: usize,
+    pub out_offset: usize,
+    pub variant: MatmulVariant,
+    pub tile: MatmulTile,
+    /// Split the weight into row shards of at most this many bytes (transposed, shared `b` only).
+    pub shard_bytes: Option<u64>,
+}
+
+impl Case {
+    fn new(batch: usize, m: usize, n: usize, k: usize, transpose_b: bool, dtype: DType) -> Case {
+        Case {
+            batch,
+            m,
+            n,
+            k,
+            transpose_b,
+            batched_b: false,
+            bias: false,
+            dtype,
+            out_dtype: dtype,
+            a_offset: 0,
+            out_offset: 0,
+            variant: MatmulVariant::Tiled,
+            tile: MatmulTile::Auto,
+            shard_bytes: None,
+        }
+    }
+}
+
+/// Accumulation tolerance for a K-long f32 dot product of values in [-1, 1]: the rounding error of
+/// sequential f32 sums grows about like eps K / 15 (standard deviation); this allows ~5 sigma.
+pub fn dot_atol(k: usize) -> f64 {
+    4e-8 * k as f64 + 1e-6
+}
+
+pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    for dtype in float_dtypes(gpu) {
+        let mut variants = vec![
+            (MatmulVariant::Tiled, MatmulTile::T64),
+            (MatmulVariant::Tiled, MatmulTile::T128),
+        ];
+        if dtype == DType::F16 && coop_available(&gpu.caps) {
+            variants.push((MatmulVariant::Coop, MatmulTile::Auto));
+        }
+        let other = if dtype == DType::F32 && gpu.caps.f16 { DType::F16 } else { DType::F32 };
+        for (variant, tile) in variants {
+            let c = |batch, m, n, k, t| Case {
+                variant,
+                tile,
+                ..Case::new(batch, m, n, k, t, dtype)
+            };
+            // Every access path (scalar / vector per operand, output dtypes) on 64x64 blocks and on
+            // the cooperative kernel; the 128x128 blocks run the same code with R = 8, so they get the
+            // edge, batch, bias and shard cases on the all-scalar and all-vector paths only (each
+            // specialisation costs lavapipe about a second to compile).
+            let mut cases = vec![
+                c(1, 1, 1, 1, false),
+                Case { bias: true, ..c(1, 3, 5, 7, true) },
+                Case { bias: true, ..c(1, 17, 33, 65, false) },
+                c(1, 64, 64, 64, true),
+                c(1, 64, 64, 64, false),
+                c(2, 9, 17, 23, true),
+                Case { batched_b: true, ..c(2, 9, 17, 23, false) },
+                Case { batched_b: true, bias: true, ..c(3, 20, 36, 40, true) },
+                Case { a_offset: 4, out_offset: 8, bias: true, ..c(1, 33, 36, 48, false) },
+                Case { shard_bytes: Some(4096), bias: true, ..c(1, 19, 100, 40, true) },
+            ];
+            if tile != MatmulTile::T128 {
+                cases.extend([
+                    Case { bias: true, out_dtype: other, ..c(1, 70, 130, 96, true) },
+                    c(1, 70, 130, 96, false),
+                    // Odd offsets force scalar access to a and out; b keeps the vector path.
+                    Case { a_offset: 3, out_offset: 1, ..c(1, 17, 32, 64, true) },
+                ]);
+            }
+            for case in cases {
+                let t0 = std::time::Instant::now();
+                out.push(check(gpu, rng, &case)?);
+                eprintln!("TIME {:?} {:?}", t0.elapsed(), case);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn tensor_at(gpu: &Gpu, label: &str, values: &[f32], offset: usize, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let t = gpu.tensor_from_f32(label, &[offset + n], dtype, values, Category::Activations)?;
+    t.view(offset, shape)
+}
+
+pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
+    let (batch, m, n, k) = (c.batch, c.m, c.n, c.k);
+    let av = random(rng, c.a_offset + batch * m * k, -1.0, 1.0, c.dtype);
+    let nb = if c.batched_b { batch } else { 1 };
+    let bv = random(rng, nb * n * k, -1.0, 1.0, c.dtype);
+    let bias_v = random(rng, n, -1.0, 1.0, c.out_dtype);
+
+    let a = tensor_at(gpu, "a", &av, c.a_offset, &[batch, m, k], c.dtype)?;
+    let b_mat = if c.transpose_b { [n, k] } else { [k, n] };
+    let b_shape: Vec<usize> = if c.batched_b { vec![batch, b_mat[0], b_mat[1]] } else { b_mat.to_vec() };
+    let b = gpu.tensor_from_f32("b", &b_shape, c.dtype, &bv, Category::Weights)?;
+    let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bias_v, Category::Weights)?;
+    let o_full = gpu.tensor("out", &[c.out_offset + batch * m * n], c.out_dtype, Category::Activations)?;
+    gpu.poison(&o_full)?;
+    let o = o_full.view(c.out_offset, &[batch, m, n])?;
+
+    let opts = MatmulOptions {
+        transpose_b: c.transpose_b,
+        bias: c.bias.then_some(&bias),
+        variant: c.variant,
+        tile: c.tile,
+    };
+    let mut prog = Program::new();
+    match c.shard_bytes {
+        Some(limit) => prog.extend(matmul_shards(gpu, &a, &b.row_shards(limit)?, &o, &opts)?),
+        None => prog.extend(matmul(gpu, &a, &b, &o, &opts)?),
+    }
+    let dispatches = prog.len();
+    prog.run(gpu)?;
+    let got = gpu.read_f32(&o)?;
+    let shape = MatmulShape {
+        batch,
+        m,
+        n,
+        k,
+        transpose_b: c.transpose_b,
+        batched_b: c.batched_b,
+    };
+    let want = r::matmul(&av[c.a_offset..], &bv, c.bias.then_some(&bias_v[..]), shape);
+    let mut name = format!(
+        "matmul {:?}/{:?} {batch}x{m}x{n}x{k}{}{}{} {:?}->{:?}",
+        c.variant,
+        c.tile,
+        if c.transpose_b { " b^T" } else { "" },
+        if c.batched_b { " batched-b" } else { "" },
+        if c.bias { " +bias" } else { "" },
+        c.dtype,
+        c.out_dtype
+    );
+    if c.a_offset + c.out_offset > 0 {
+        name += &format!(" a@{} out@{}", c.a_offset, c.out_offset);
+    }
+    if c.shard_bytes.is_some() {
+        name += &format!(" {dispatches} shards");
+    }
+    // Tensor cores may add products in a different order and with truncation: allow 4x more.
+    let atol = dot_atol(k) * if c.variant == MatmulVariant::Coop { 4.0 } else { 1.0 };
+    Ok(compare(name, &got, &want, atol, store_rtol(c.out_dtype)))
 }

@@ -1,7 +1,114 @@
-use crate::common::run_checks;
-use drift_engine::selftest::conv;
+use crate::common::{gpu, run_checks};
+use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size};
+use drift_engine::kernels::layout::{concat_channels, permute, upsample_nearest2x};
+use drift_engine::{Category, DType, Dispatch, Layout, Program, Result};
 
 #[test]
 fn conv_matches_reference() {
-    run_checks(conv::checks);
+    run_checks(drift_engine::selftest::conv::checks);
+}
+
+/// Median wall time per dispatch of `reps` copies of one dispatch in one submit, after a warm-up.
+fn time_us(build: &dyn Fn() -> Result<Dispatch>, reps: usize) -> Result<f64> {
+    let g = gpu();
+    let mut prog = Program::new();
+    for _ in 0..reps {
+        prog.push(build()?);
+    }
+    prog.run(g)?;
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            prog.run(g)
+                .map(|_| t.elapsed().as_secs_f64() * 1e6 / reps as f64)
+        })
+        .collect::<Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[2])
+}
+
+/// SD 1.5 UNet/VAE convolutions: `cargo test --release --test kernels conv_bench -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark for a real GPU"]
+fn conv_bench() {
+    let g = gpu();
+    let shapes: [([usize; 4], usize, usize, usize); 9] = [
+        ([2, 320, 64, 64], 320, 3, 1),
+        ([2, 640, 64, 64], 320, 3, 1),
+        ([2, 320, 64, 64], 320, 1, 1),
+        ([2, 320, 64, 64], 320, 3, 2),
+        ([2, 640, 32, 32], 640, 3, 1),
+        ([2, 1280, 16, 16], 1280, 3, 1),
+        ([2, 1280, 8, 8], 1280, 3, 1),
+        ([1, 512, 64, 64], 512, 3, 1),
+        ([1, 128, 512, 512], 128, 3, 1),
+    ];
+    for dtype in [DType::F32, DType::F16] {
+        for (x, o, k, s) in shapes {
+            let pad = k / 2;
+            let (ho, wo) = conv2d_output_size((x[2], x[3]), (k, k), s, pad, None).unwrap();
+            let xt = g.tensor("x", &x, dtype, Category::Activations).unwrap();
+            let mut wt = g
+                .tensor("w", &[o, x[1], k, k], dtype, Category::Weights)
+                .unwrap();
+            wt.layout = Layout::Transposed;
+            let b = g.tensor("b", &[o], dtype, Category::Weights).unwrap();
+            let out = g
+                .tensor("out", &[x[0], o, ho, wo], dtype, Category::Activations)
+                .unwrap();
+            let flops = 2.0 * (x[0] * ho * wo * o * x[1] * k * k) as f64;
+            let mut line = format!("conv {k}x{k} s{s} x{x:?} O{o} {dtype:?}:");
+            for variant in [Conv2dVariant::Tile64, Conv2dVariant::Tile128] {
+                let opts = Conv2dOptions {
+                    stride: s,
+                    padding: pad,
+                    variant,
+                    ..Default::default()
+                };
+                let us = time_us(&|| conv2d(g, &xt, &wt, Some(&b), &out, &opts), 10).unwrap();
+                line.push_str(&format!(
+                    " {variant:?} {us:.1} us {:.1} TFLOP/s;",
+                    flops / us * 1e-6
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    // Layout ops (bandwidth: bytes read + written).
+    for dtype in [DType::F32, DType::F16] {
+        let eb = if dtype == DType::F16 { 2.0 } else { 4.0 };
+        let t = |s: &[usize]| g.tensor("t", s, dtype, Category::Activations).unwrap();
+        let (x, o) = (t(&[2, 640, 64, 64]), t(&[2, 640, 128, 128]));
+        let us = time_us(&|| upsample_nearest2x(g, &x, &o), 10).unwrap();
+        println!(
+            "upsample {:?} {dtype:?}: {us:.1} us {:.0} GB/s",
+            x.shape,
+            5.0 * x.numel() as f64 * eb / us * 1e-3
+        );
+        let (a, b, o) = (
+            t(&[2, 640, 64, 64]),
+            t(&[2, 320, 64, 64]),
+            t(&[2, 960, 64, 64]),
+        );
+        let us = time_us(&|| Ok(concat_channels(g, &a, &b, &o)?.remove(0)), 10).unwrap();
+        println!(
+            "concat part a {:?} {dtype:?}: {us:.1} us {:.0} GB/s",
+            a.shape,
+            2.0 * a.numel() as f64 * eb / us * 1e-3
+        );
+        for (shape, perm) in [
+            (vec![2, 320, 64, 64], vec![0, 2, 3, 1]),
+            (vec![2, 4096, 320], vec![0, 2, 1]),
+            (vec![2, 4096, 8, 40], vec![0, 2, 1, 3]),
+            (vec![4096, 4096], vec![1, 0]),
+        ] {
+            let x = t(&shape);
+            let o = t(&perm.iter().map(|&d| shape[d]).collect::<Vec<_>>());
+            let us = time_us(&|| permute(g, &x, &perm, &o), 10).unwrap();
+            println!(
+                "permute {shape:?} by {perm:?} {dtype:?}: {us:.1} us {:.0} GB/s",
+                2.0 * x.numel() as f64 * eb / us * 1e-3
+            );
+        }
+    }
 }

@@ -1,0 +1,292 @@
+//! Text generation on a loaded LLM: prefill, then decode steps until EOS, a stop string, the token
+//! limit or a cancel. Greedy decoding stays on the GPU (argmax writes the next input id) and is
+//! pipelined two steps deep so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
+//! reads back a short candidate list per token.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{DriftError, Result};
+use crate::exec::Program;
+use crate::gpu::Gpu;
+use crate::kernels::sample::{TopkOptions, topk};
+use crate::memory::Category;
+use crate::models::llama::LlamaModel;
+use crate::sampling::{Candidates, Sampler, SamplingParams};
+use crate::tensor::{DType, Tensor};
+use crate::tokenize::TextTokenizer;
+use crate::tokenize::chat_template::{ChatTemplate, Message};
+use crate::tokenize::stream::TextStream;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    Eos,
+    MaxTokens,
+    StopString,
+    Cancelled,
+    ContextFull,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub stop_reason: StopReason,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+}
+
+/// A model ready to talk: weights, KV cache, tokenizer, template. Keeps its KV cache between calls so
+/// a chat only prefills what is new.
+pub struct LlmSession {
+    pub model: LlamaModel,
+    pub tokenizer: TextTokenizer,
+    pub template: Option<ChatTemplate>,
+    pub eos: Vec<u32>,
+    /// The token ids now in the KV cache.
+    pub cached: Vec<u32>,
+    readback: [std::sync::Arc<crate::memory::GpuBuffer>; 2],
+    /// The submission that fills each readback slot.
+    inflight: std::cell::RefCell<[Option<wgpu::SubmissionIndex>; 2]>,
+    cand: Tensor,
+}
+
+impl LlmSession {
+    pub fn new(gpu: &Gpu, model: LlamaModel, tokenizer: TextTokenizer, template: Option<ChatTemplate>, eos: Vec<u32>) -> Result<LlmSession> {
+        let rb = || {
+            gpu.create_buffer(
+                "token readback",
+                8 * crate::sampling::MAX_CANDIDATES as u64 + 16,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                Category::Staging,
+            )
+        };
+        Ok(LlmSession {
+            cand: gpu.tensor("candidates", &[2 * crate::sampling::MAX_CANDIDATES + 2], DType::U32, Category::Activations)?,
+            readback: [rb()?, rb()?],
+            inflight: Default::default(),
+            model,
+            tokenizer,
+            template,
+            eos,
+            cached: Vec::new(),
+        })
+    }
+
+    /// The prompt text for a conversation: the model's chat template, or the last message's raw text.
+    pub fn render(&self, messages: &[Message]) -> Result<String> {
+        match &self.template {
+            Some(t) => t.render(messages, true),
+            None => Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n")),
+        }
+    }
+
+    pub fn reset(&mut self) {
+        self.cached.clear();
+    }
+
+    /// Generates a continuation of `prompt` (token ids of the whole conversation so far). The longest
+    /// prefix already in the KV cache is reused; only the rest is prefilled.
+    pub fn generate(
+        &mut self,
+        gpu: &Gpu,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(DriftError::Other("the prompt is empty".into()));
+        }
+        let m = &self.model;
+        m.check_length(prompt.len() + 1)?;
+        // Reuse the cached prefix (keep at least one token to prefill so there are logits).
+        let mut keep = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        keep = keep.min(prompt.len() - 1);
+        let new = &prompt[keep..];
+        let t0 = Instant::now();
+        gpu.write_tensor_bytes(&m.ids, bytemuck::cast_slice(new))?;
+        let hist = m.history.view(0, &[prompt.len()])?;
+        gpu.write_tensor_bytes(&hist, bytemuck::cast_slice(prompt))?;
+        m.set_step(gpu, prompt.len(), keep)?;
+        let (mut prefill, _) = m.build_prefill(gpu, new.len(), false)?;
+        let mut sampler = Sampler::new(opts.sampling.clone());
+        let greedy = opts.sampling.is_plain_greedy();
+        let k = opts.sampling.candidates(m.cfg.vocab);
+        self.push_select(gpu, &mut prefill, greedy, k, &opts.sampling)?;
+        self.submit_step(gpu, &prefill, 0);
+        let first = self.read_token(gpu, 0, greedy, k, &mut sampler)?;
+        let prefill_s = t0.elapsed().as_secs_f64();
+        self.cached = prompt.to_vec();
+
+        let mut tokens = Vec::new();
+        let mut stream = TextStream::new();
+        let mut text = String::new();
+        let mut stop = StopReason::MaxTokens;
+        let t1 = Instant::now();
+        let mut decode_program = Program::new();
+        decode_program.extend(m.decode_program().dispatches.iter().cloned());
+        self.push_select(gpu, &mut decode_program, greedy, k, &opts.sampling)?;
+        let mut next = Some(first);
+        // In flight: the token of each submitted-but-unread step (greedy pipelining).
+        let mut pending = 0usize;
+        while let Some(tok) = next.take() {
+            let pos = self.cached.len();
+            if self.eos.contains(&tok) {
+                stop = StopReason::Eos;
+                break;
+            }
+            tokens.push(tok);
+            self.cached.push(tok);
+            if let Some(piece) = stream.push(&self.tokenizer, tok)? {
+                let emitted = text.len();
+                text.push_str(&piece);
+                if let Some(cut) = opts.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+                    // Stream only what precedes the stop string.
+                    text.truncate(cut);
+                    if cut > emitted {
+                        on_text(&text[emitted..]);
+                    }
+                    stop = StopReason::StopString;
+                    break;
+                }
+                on_text(&piece);
+            }
+            if tokens.len() >= opts.max_tokens {
+                break;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                stop = StopReason::Cancelled;
+                break;
+            }
+            if pos + 1 > m.max_ctx {
+                stop = StopReason::ContextFull;
+                break;
+            }
+            // Decode the token at `pos`: kv_len pos + 1.
+            if !greedy {
+                gpu.write_tensor_bytes(&m.ids.view(0, &[1])?, bytemuck::bytes_of(&tok))?;
+                gpu.write_tensor_bytes(&m.history.view(pos, &[1])?, bytemuck::bytes_of(&tok))?;
+            }
+            if pending == 0 {
+                m.set_step(gpu, pos + 1, pos)?;
+                self.submit_step(gpu, &decode_program, pos % 2);
+            }
+            pending = 0;
+            // Greedy: queue the following step before reading this one (its input id is already on the
+            // GPU), unless this one may be the last.
+            if greedy && tokens.len() + 1 < opts.max_tokens && pos + 2 <= m.max_ctx {
+                m.set_step(gpu, pos + 2, pos + 1)?;
+                self.submit_step(gpu, &decode_program, (pos + 1) % 2);
+                pending = 1;
+            }
+            next = Some(self.read_token(gpu, pos % 2, greedy, k, &mut sampler)?);
+        }
+        if pending > 0 {
+            gpu.wait()?; // drain the speculative step; its token is discarded
+        }
+        let decode_s = t1.elapsed().as_secs_f64();
+        Ok(Generation {
+            text,
+            tokens: tokens.clone(),
+            prompt_tokens: prompt.len(),
+            prefill_tokens_per_s: new.len() as f64 / prefill_s,
+            decode_tokens_per_s: if tokens.len() > 1 { (tokens.len() - 1) as f64 / decode_s } else { 0.0 },
+            stop_reason: stop,
+        })
+    }
+
+    /// Appends token selection to a program: argmax for plain greedy, else the candidate kernel.
+    fn push_select(&self, gpu: &Gpu, p: &mut Program, greedy: bool, k: usize, s: &SamplingParams) -> Result<()> {
+        let m = &self.model;
+        if greedy {
+            p.push(m.argmax_dispatch(gpu)?);
+        } else {
+            p.push(topk(
+                gpu,
+                &m.logits,
+                &m.history,
+                &m.step,
+                &self.cand,
+                &TopkOptions {
+                    k,
+                    repeat_penalty: s.repeat_penalty,
+                    repeat_window: s.repeat_window,
+                    temperature: s.temperature.max(1e-3),
+                },
+            )?);
+        }
+        Ok(())
+    }
+
+    fn submit_step(&self, gpu: &Gpu, p: &Program, slot: usize) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            p.encode_into(&mut pass);
+        }
+        self.copy_result(&mut enc, slot);
+        self.inflight.borrow_mut()[slot] = Some(gpu.queue.submit([enc.finish()]));
+    }
+
+    fn copy_result(&self, enc: &mut wgpu::CommandEncoder, slot: usize) {
+        let m = &self.model;
+        // Greedy: the id the argmax wrote; sampling: the candidate list.
+        let (src, len) = (&m.ids.storage, 4u64);
+        let (csrc, clen) = (&self.cand.storage, self.cand.byte_len());
+        enc.copy_buffer_to_buffer(&src.buffer.buffer, src.offset, &self.readback[slot].buffer, 0, len);
+        enc.copy_buffer_to_buffer(&csrc.buffer.buffer, csrc.offset, &self.readback[slot].buffer, 8, clen);
+    }
+
+    fn read_token(&self, gpu: &Gpu, slot: usize, greedy: bool, k: usize, sampler: &mut Sampler) -> Result<u32> {
+        let buf = &self.readback[slot].buffer;
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        // Wait for this slot's submission only: a step queued after it keeps the GPU busy meanwhile.
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: self.inflight.borrow_mut()[slot].take(),
+                timeout: None,
+            })
+            .map_err(|e| DriftError::Gpu(e.to_string()))?;
+        gpu.take_error()?;
+        rx.recv()
+            .map_err(|e| DriftError::Gpu(e.to_string()))?
+            .map_err(|e| DriftError::Gpu(format!("token readback: {e}")))?;
+        let words: Vec<u32> = {
+            let view = buf.get_mapped_range(..).map_err(|e| DriftError::Gpu(format!("{e:?}")))?;
+            bytemuck::cast_slice(&view).to_vec()
+        };
+        buf.unmap();
+        if greedy {
+            Ok(words[0])
+        } else {
+            Ok(sampler.pick(&Candidates::from_words(&words[2..], k)))
+        }
+    }
+
+    /// Runs the prompt once and returns the logits of every position (fidelity tests).
+    pub fn prompt_logits(&mut self, gpu: &Gpu, prompt: &[u32]) -> Result<Vec<f32>> {
+        let m = &self.model;
+        m.check_length(prompt.len())?;
+        gpu.write_tensor_bytes(&m.ids, bytemuck::cast_slice(prompt))?;
+        m.set_step(gpu, prompt.len(), 0)?;
+        let (p, logits) = m.build_prefill(gpu, prompt.len(), true)?;
+        p.run(gpu)?;
+        self.cached.clear();
+        gpu.read_f32(&logits.expect("asked for all logits"))
+    }
+}

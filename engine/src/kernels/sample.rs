@@ -1,0 +1,71 @@
+//! Token selection on the GPU: argmax for greedy decoding (the id stays on the GPU as the next step's
+//! input), and a top-k candidate list with repetition penalty for sampling.
+
+use crate::error::Result;
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::Gpu;
+use crate::kernels::KernelSpec;
+use crate::tensor::{DType, Tensor};
+use crate::{shader, shape_err};
+
+fn check(logits: &Tensor, step: &Tensor, history: &Tensor) -> Result<()> {
+    if logits.dtype != DType::F32 || step.dtype != DType::U32 || history.dtype != DType::U32 {
+        return Err(shape_err!("sampling kernels take f32 logits and u32 step/history tensors"));
+    }
+    Ok(())
+}
+
+/// `ids[0] = history[step[0]] = argmax(logits)`.
+pub fn argmax(gpu: &Gpu, logits: &Tensor, ids: &Tensor, history: &Tensor, step: &Tensor) -> Result<Dispatch> {
+    check(logits, step, history)?;
+    let kernel = gpu.kernel(&KernelSpec::new("argmax", shader!("sample.wgsl"), "argmax"))?;
+    let v = logits.numel() as u32;
+    gpu.dispatch(
+        &kernel,
+        &[v, 0, 0, 1f32.to_bits(), 1f32.to_bits()],
+        &[logits, ids, history, step],
+        [1, 1, 1],
+        Cost {
+            flops: v as f64,
+            bytes: v as f64 * 4.0,
+        },
+    )
+}
+
+/// Settings of the candidate kernel (host-side sampling finishes the job).
+#[derive(Clone, Copy, Debug)]
+pub struct TopkOptions {
+    pub k: usize,
+    pub repeat_penalty: f32,
+    pub repeat_window: usize,
+    pub temperature: f32,
+}
+
+/// Writes `cand` (U32 `[2k + 2]`): k (id, f32 bits of the penalised logit) pairs, largest first, then
+/// the max logit and `sum(exp((l - max) / T))` over the vocabulary. Modifies `logits` (scratch).
+pub fn topk(
+    gpu: &Gpu,
+    logits: &Tensor,
+    history: &Tensor,
+    step: &Tensor,
+    cand: &Tensor,
+    o: &TopkOptions,
+) -> Result<Dispatch> {
+    check(logits, step, history)?;
+    let v = logits.numel();
+    if o.k == 0 || o.k > v || cand.numel() < 2 * o.k + 2 || cand.dtype != DType::U32 {
+        return Err(shape_err!("topk: k = {} over {v} logits into {:?}", o.k, cand.shape));
+    }
+    let kernel = gpu.kernel(&KernelSpec::new("topk", shader!("sample.wgsl"), "topk"))?;
+    let inv_temp = 1.0 / o.temperature.max(1e-6);
+    gpu.dispatch(
+        &kernel,
+        &[v as u32, o.k as u32, o.repeat_window as u32, o.repeat_penalty.to_bits(), inv_temp.to_bits()],
+        &[logits, cand, history, step],
+        [1, 1, 1],
+        Cost {
+            flops: (v * (o.k + 2)) as f64,
+            bytes: (v * (o.k + 2) * 4) as f64,
+        },
+    )
+}

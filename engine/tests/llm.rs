@@ -1,0 +1,138 @@
+//! Fidelity of the LLM path against transformers (f64 references from
+//! tests/fixtures/make_llm_fixtures.py): logits at every prompt position, 32 greedy tokens, chat
+//! templates and tokenisation, for a Llama with GQA (f32 weights), a Qwen2 with q/k/v biases (bf16) and
+//! a Llama with llama3 rope scaling and tied embeddings (f16).
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+
+use drift_engine::generate::{GenerateOptions, LlmSession, StopReason};
+use drift_engine::models::hf::HfFolder;
+use drift_engine::models::llama::{LlamaModel, LlamaWeights};
+use drift_engine::kernels::qkv_rope::RopePairs;
+use drift_engine::sampling::SamplingParams;
+use drift_engine::tokenize::chat_template::Message;
+use drift_engine::{Gpu, GpuOptions};
+use serde_json::Value;
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(&GpuOptions::from_env()).expect("a Vulkan device"))
+}
+
+/// The same device with f16 switched off: the f32 kernels and weights.
+fn gpu_f32() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let o = GpuOptions { disable: Some("f16".into()), ..GpuOptions::from_env() };
+        Gpu::new(&o).expect("a Vulkan device")
+    })
+}
+
+fn fixture(name: &str) -> (HfFolder, Value) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm").join(name);
+    let folder = HfFolder::open(&dir).unwrap();
+    let reference = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    (folder, reference)
+}
+
+fn session(gpu: &Gpu, name: &str) -> (LlmSession, Value) {
+    let (f, r) = fixture(name);
+    let w = LlamaWeights::load(gpu, &f.config, &f.weights, RopePairs::HalfSplit).unwrap();
+    let model = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
+    (LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos).unwrap(), r)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn check_model(name: &str) {
+    check_model_on(gpu_f32(), name);
+    if gpu().caps.f16 {
+        check_model_on(gpu(), name);
+    }
+}
+
+fn check_model_on(gpu: &Gpu, name: &str) {
+    let (mut s, r) = session(gpu, name);
+    let prompt = ids(&r["prompt_ids"]);
+    // Logits at every prompt position; the fixtures' logits have a standard deviation of ~12 (max ~50).
+    // f32 path: 5e-4 absolute + 1e-4 relative (f32 accumulation over hidden sizes of 64-160).
+    // f16 path: weights, activations and the KV cache rounded to f16 (and f32 fixture weights rounded
+    // on upload): 0.25 absolute (2% of the spread) + 1% relative.
+    let got = s.prompt_logits(gpu, &prompt).unwrap();
+    let want: Vec<f64> = r["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap())).collect();
+    let (atol, rtol) = if gpu.caps.f16 { (0.25, 1e-2) } else { (5e-4, 1e-4) };
+    let c = drift_engine::selftest::compare(format!("{name} logits (f16: {})", gpu.caps.f16), &got, &want, atol, rtol);
+    println!("{c}");
+    assert!(c.passed, "{c}");
+    // 32 greedy tokens identical to transformers.
+    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: 32, stop: vec![] };
+    let mut out = Vec::new();
+    let g = s.generate(gpu, &prompt, &opts, &AtomicBool::new(false), &mut |t| out.push(t.to_string())).unwrap();
+    let want_greedy = ids(&r["greedy"]);
+    // EOS may stop the reference continuation early in ours: compare the common prefix, which must be
+    // the whole reference unless an EOS id appears in it.
+    let n = want_greedy.iter().position(|t| s.eos.contains(t)).unwrap_or(want_greedy.len());
+    assert_eq!(&g.tokens[..n.min(g.tokens.len())], &want_greedy[..n], "{name}: greedy tokens");
+    assert!(g.tokens.len() >= n, "{name}: stopped early ({:?})", g.stop_reason);
+    assert_eq!(out.concat(), g.text, "{name}: streamed pieces concatenate to the text");
+    // Chat templates and tokenisation identical to transformers.
+    for chat in r["chat"].as_array().unwrap() {
+        let msgs: Vec<Message> = chat["messages"].as_array().unwrap().iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
+        let text = s.template.as_ref().unwrap().render(&msgs, chat["add_generation_prompt"].as_bool().unwrap()).unwrap();
+        assert_eq!(text, chat["text"].as_str().unwrap(), "{name}: chat template");
+    }
+    for t in r["tokenize"].as_array().unwrap() {
+        assert_eq!(s.tokenizer.encode(t["text"].as_str().unwrap(), false).unwrap(), ids(&t["ids"]), "{name}: tokens of {}", t["text"]);
+    }
+}
+
+#[test]
+fn llama_gqa_matches_transformers() {
+    check_model("llama-gqa");
+}
+
+#[test]
+fn qwen2_with_biases_matches_transformers() {
+    check_model("qwen2-bias");
+}
+
+#[test]
+fn llama3_rope_scaling_tied_matches_transformers() {
+    check_model("llama3-rope-tied");
+}
+
+#[test]
+fn chat_session_reuses_the_cache_and_limits_hold() {
+    let gpu = gpu();
+    let (mut s, r) = session(gpu, "llama-gqa");
+    let prompt = ids(&r["prompt_ids"]);
+    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: 5, stop: vec![] };
+    let cancel = AtomicBool::new(false);
+    let a = s.generate(gpu, &prompt, &opts, &cancel, &mut |_| {}).unwrap();
+    assert_eq!(a.stop_reason, StopReason::MaxTokens);
+    // Continuing the same sequence reuses the cache and gives the same tokens as one long run.
+    let mut longer = prompt.clone();
+    longer.extend(&a.tokens);
+    let b = s.generate(gpu, &longer, &opts, &cancel, &mut |_| {}).unwrap();
+    let want = ids(&r["greedy"]);
+    assert_eq!([a.tokens.clone(), b.tokens.clone()].concat(), want[..10].to_vec());
+    // A prompt over the context is an error, not an out-of-bounds access.
+    let too_long = vec![1u32; 65];
+    let e = s.generate(gpu, &too_long, &opts, &cancel, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("context"), "{e}");
+    // Cancel stops after the first token.
+    let cancelled = AtomicBool::new(true);
+    let c = s.generate(gpu, &prompt, &opts, &cancelled, &mut |_| {}).unwrap();
+    assert_eq!((c.stop_reason, c.tokens.len()), (StopReason::Cancelled, 1));
+    // Seeded sampling is reproducible.
+    let sampling = SamplingParams { temperature: 0.8, top_k: 20, top_p: 0.9, min_p: 0.0, repeat_penalty: 1.1, repeat_window: 16, seed: 42 };
+    let sopts = GenerateOptions { sampling, max_tokens: 8, stop: vec![] };
+    let x = s.generate(gpu, &prompt, &sopts, &cancel, &mut |_| {}).unwrap();
+    let y = s.generate(gpu, &prompt, &sopts, &cancel, &mut |_| {}).unwrap();
+    assert_eq!(x.tokens, y.tokens);
+}

@@ -1,0 +1,434 @@
+// Matrix multiplication on cooperative matrices (tensor cores): f16 inputs, f32 accumulation.
+//   out[b, m, col0 + n] = sum_k a[b, m, k] * B(b, k, n) (+ bias[col0 + n])
+// with B(b, k, n) = b[b, k, n] or, with TRANS_B, b[b, n, k].
+// A workgroup of 4 subgroups computes a 128 x 128 block; subgroup q owns the 64 x 64 quadrant
+// (q / 2, q % 2) as 4 x 4 accumulators of 16 x 16. Per K step of 32, the A (128 x 32) and B (32 x 128)
+// tiles are staged in workgroup memory as vec4<f16> (rows padded so the 16-row matrix loads hit
+// distinct banks); the next step's tiles are fetched into registers while this one is multiplied.
+// Edge tiles load zeros; the results go out through a small f32 staging area in workgroup memory so
+// stores are guarded, converted and biased per element (or straight to memory for interior tiles
+// when DIRECT: f32 output, no bias, aligned).
+//
+// Cooperative operations need uniform control flow across the subgroup: every branch around them
+// depends only on the workgroup id and uniforms. Offsets are computed in `let`s before each
+// coopLoad/coopStore (naga's SPIR-V writer panics on inline index expressions there).
+//
+// Specialisation: TO (output scalar), TB (bias scalar), WG (4 x the subgroup size), TRANS_B, BIAS,
+// VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
+// per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
+enable f16;
+enable wgpu_cooperative_matrix;
+
+struct Params {
+    off_a: u32, off_b: u32, off_out: u32, off_bias: u32, o4: u32, o5: u32, o6: u32, o7: u32,
+    m: u32, n: u32, k: u32, tiles_m: u32,
+    tiles_n: u32, groups: u32, a_bs: u32, b_bs: u32,
+    out_bs: u32, ldo: u32, col0: u32, ldb: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+#if VA
+@group(0) @binding(1) var<storage, read> ma: array<vec4<f16>>;
+#else
+@group(0) @binding(1) var<storage, read> ma: array<f16>;
+#endif
+#if VB
+@group(0) @binding(2) var<storage, read> mb: array<vec4<f16>>;
+#else
+@group(0) @binding(2) var<storage, read> mb: array<f16>;
+#endif
+#if VO
+@group(0) @binding(3) var<storage, read_write> mo: array<vec4<{{TO}}>>;
+#else
+@group(0) @binding(3) var<storage, read_write> mo: array<{{TO}}>;
+#endif
+#if BIAS
+@group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
+#endif
+
+const WG = {{WG}}u;
+const BM = 128u;
+const BN = 128u;
+const BK = 32u;
+const GROUP_M = 8u;
+// Row pitches in vec4<f16> (8 bytes): 10 = 80 bytes for 32-deep rows, 34 = 272 bytes for 128-wide
+// rows. Both keep the 16-byte alignment cooperative loads need and spread 8 consecutive rows over all
+// 32 banks.
+const PK = 10u;
+const PN = 34u;
+const LOADS = (BM * BK / 4u) / WG; // vec4 loads per thread per operand per K step
+
+var<workgroup> As: array<vec4<f16>, BM * PK>; // As[m][k / 4]
+#if TRANS_B
+var<workgroup> Bs: array<vec4<f16>, BN * PK>; // Bs[n][k / 4]
+#else
+var<workgroup> Bs: array<vec4<f16>, BK * PN>; // Bs[k][n / 4]
+#endif
+
+#if EPI4
+const EW = 64u; // staged columns per subgroup and round
+#else
+const EW = 16u;
+#endif
+var<workgroup> Cs: array<f32, 4u * 16u * EW>;
+
+fn tile_of(g: u32) -> vec3<u32> {
+    let per_batch = p.tiles_m * p.tiles_n;
+    let bt = g / per_batch;
+    let t = g % per_batch;
+    let group = GROUP_M * p.tiles_n;
+    let first = (t / group) * GROUP_M;
+    let rows = min(p.tiles_m - first, GROUP_M);
+    return vec3<u32>(first + (t % group) % rows, (t % group) / rows, bt);
+}
+
+// Four consecutive K-contiguous elements (row, k..k+3) of a [rows, K] operand, zero outside.
+#if VA
+fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
+    if row < p.m && k < p.k {
+        return ma[(base + row * p.k + k) / 4u];
+    }
+    return vec4<f16>(0.0);
+}
+#else
+fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
+    var v = vec4<f16>(0.0);
+    if row < p.m {
+        for (var j = 0u; j < 4u; j++) {
+            if k + j < p.k {
+                v[j] = ma[base + row * p.k + k + j];
+            }
+        }
+    }
+    return v;
+}
+#endif
+
+#if TRANS_B
+#if VB
+fn fetch_b(base: u32, row: u32, k: u32) -> vec4<f16> {
+    if row < p.n && k < p.k {
+        return mb[(base + row * p.ldb + k) / 4u];
+    }
+    return vec4<f16>(0.0);
+}
+#else
+fn fetch_b(base: u32, row: u32, k: u32) -> vec4<f16> {
+    var v = vec4<f16>(0.0);
+    if row < p.n {
+        for (var j = 0u; j < 4u; j++) {
+            if k + j < p.k {
+                v[j] = mb[base + row * p.ldb + k + j];
+            }
+        }
+    }
+    return v;
+}
+#endif
+#else
+// Four consecutive columns (k, col..col+3) of a [K, N] operand.
+#if VB
+fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
+    if k < p.k && col < p.n {
+        return mb[(base + k * p.ldb + col) / 4u];
+    }
+    return vec4<f16>(0.0);
+}
+#else
+fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
+    var v = vec4<f16>(0.0);
+    if k < p.k {
+        for (var j = 0u; j < 4u; j++) {
+            if col + j < p.n {
+                v[j] = mb[base + k * p.ldb + col + j];
+            }
+        }
+    }
+    return v;
+}
+#endif
+#endif
+
+// Global -> registers for K step k0. A: 8 vec4 per 32-deep row. B: as A when transposed, else 32
+// vec4 per 128-wide row.
+fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
+    var r: array<vec4<f16>, LOADS>;
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        r[i] = fetch_a(base, m0 + idx / 8u, k0 + (idx % 8u) * 4u);
+    }
+    return r;
+}
+
+fn store_a(lid: u32, r: array<vec4<f16>, LOADS>) {
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        As[(idx / 8u) * PK + idx % 8u] = r[i];
+    }
+}
+
+#if TRANS_B
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
+    var r: array<vec4<f16>, LOADS>;
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        r[i] = fetch_b(base, n0 + idx / 8u, k0 + (idx % 8u) * 4u);
+    }
+    return r;
+}
+
+fn store_b(lid: u32, r: array<vec4<f16>, LOADS>) {
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        Bs[(idx / 8u) * PK + idx % 8u] = r[i];
+    }
+}
+#else
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
+    var r: array<vec4<f16>, LOADS>;
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        r[i] = fetch_b(base, k0 + idx / 32u, n0 + (idx % 32u) * 4u);
+    }
+    return r;
+}
+
+fn store_b(lid: u32, r: array<vec4<f16>, LOADS>) {
+    for (var i = 0u; i < LOADS; i++) {
+        let idx = lid + i * WG;
+        Bs[(idx / 32u) * PN + idx % 32u] = r[i];
+    }
+}
+#endif
+
+fn load_am(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {
+    let o = (wm * 64u + i * 16u) * PK + ks * 4u;
+    return coopLoadT<coop_mat16x16<f16, A>>(&As[o], PK);
+}
+
+fn load_bm(j: u32, wn: u32, ks: u32) -> coop_mat16x16<f16, B> {
+#if TRANS_B
+    // Bs holds B^T row-major, that is B column-major.
+    let o = (wn * 64u + j * 16u) * PK + ks * 4u;
+    return coopLoad<coop_mat16x16<f16, B>>(&Bs[o], PK);
+#else
+    let o = ks * 16u * PN + (wn * 64u + j * 16u) / 4u;
+    return coopLoadT<coop_mat16x16<f16, B>>(&Bs[o], PN);
+#endif
+}
+
+fn stage(c: coop_mat16x16<f32, C>, q: u32, j: u32) {
+    let o = q * 16u * EW + j * 16u;
+    coopStoreT(c, &Cs[o], EW);
+}
+
+#if BIAS
+fn bias4(col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if col + j < p.n {
+            v[j] = f32(bias[p.off_bias + p.col0 + col + j]);
+        }
+    }
+    return v;
+}
+#endif
+
+// Writes the staged 16 x EW blocks of all four subgroups: block q covers rows
+// m0 + (q / 2) * 64 + i * 16 + 0..15 and columns n0 + (q % 2) * 64 + c0 + 0..EW-1.
+fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
+    let quads = 4u * 16u * EW / 4u;
+    for (var e = lid; e < quads; e += WG) {
+        let q = e / (16u * EW / 4u);
+        let rem = e % (16u * EW / 4u);
+        let r = rem / (EW / 4u);
+        let c = (rem % (EW / 4u)) * 4u;
+        let s = q * 16u * EW + r * EW + c;
+        var v = vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
+        let row = m0 + (q / 2u) * 64u + i * 16u + r;
+        let col = n0 + (q % 2u) * 64u + c0 + c;
+        if row < p.m {
+#if BIAS
+            v += bias4(col);
+#endif
+            let ob = o_base + row * p.ldo + col;
+#if VO
+            if col < p.n {
+                mo[ob / 4u] = vec4<{{TO}}>(v);
+            }
+#else
+            for (var j = 0u; j < 4u; j++) {
+                if col + j < p.n {
+                    mo[ob + j] = {{TO}}(v[j]);
+                }
+            }
+#endif
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn matmul_coop(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if g >= p.groups {
+        return;
+    }
+    let tile = tile_of(g);
+    let m0 = tile.x * BM;
+    let n0 = tile.y * BN;
+    let a_base = p.off_a + tile.z * p.a_bs;
+    let b_base = p.off_b + tile.z * p.b_bs;
+    let wm = sg / 2u;
+    let wn = sg % 2u;
+
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c23 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
+    var c33 = coop_mat16x16<f32, C>();
+
+    var ra = load_a(lid, m0, 0u, a_base);
+    var rb = load_b(lid, n0, 0u, b_base);
+    let ksteps = (p.k + BK - 1u) / BK;
+    for (var t = 0u; t < ksteps; t++) {
+        store_a(lid, ra);
+        store_b(lid, rb);
+        workgroupBarrier();
+        if t + 1u < ksteps {
+            ra = load_a(lid, m0, (t + 1u) * BK, a_base);
+            rb = load_b(lid, n0, (t + 1u) * BK, b_base);
+        }
+        for (var ks = 0u; ks < BK / 16u; ks++) {
+            let a0 = load_am(0u, wm, ks);
+            let a1 = load_am(1u, wm, ks);
+            let a2 = load_am(2u, wm, ks);
+            let a3 = load_am(3u, wm, ks);
+            let b0 = load_bm(0u, wn, ks);
+            let b1 = load_bm(1u, wn, ks);
+            let b2 = load_bm(2u, wn, ks);
+            let b3 = load_bm(3u, wn, ks);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            c22 = coopMultiplyAdd(a2, b2, c22);
+            c23 = coopMultiplyAdd(a2, b3, c23);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+            c32 = coopMultiplyAdd(a3, b2, c32);
+            c33 = coopMultiplyAdd(a3, b3, c33);
+        }
+        workgroupBarrier();
+    }
+
+    let o_base = p.off_out + tile.z * p.out_bs + p.col0;
+#if DIRECT
+    if m0 + BM <= p.m && n0 + BN <= p.n {
+        // Interior tile: accumulators straight to memory (f32, 16-byte aligned rows).
+        let ld = p.ldo; // the stride too must be a named value (naga caches only those)
+        let r0 = o_base + (m0 + wm * 64u) * ld + n0 + wn * 64u;
+        let s = 16u * ld;
+        let o00 = r0;
+        coopStoreT(c00, &mo[o00], ld);
+        let o01 = r0 + 16u;
+        coopStoreT(c01, &mo[o01], ld);
+        let o02 = r0 + 32u;
+        coopStoreT(c02, &mo[o02], ld);
+        let o03 = r0 + 48u;
+        coopStoreT(c03, &mo[o03], ld);
+        let o10 = r0 + s;
+        coopStoreT(c10, &mo[o10], ld);
+        let o11 = r0 + s + 16u;
+        coopStoreT(c11, &mo[o11], ld);
+        let o12 = r0 + s + 32u;
+        coopStoreT(c12, &mo[o12], ld);
+        let o13 = r0 + s + 48u;
+        coopStoreT(c13, &mo[o13], ld);
+        let o20 = r0 + 2u * s;
+        coopStoreT(c20, &mo[o20], ld);
+        let o21 = r0 + 2u * s + 16u;
+        coopStoreT(c21, &mo[o21], ld);
+        let o22 = r0 + 2u * s + 32u;
+        coopStoreT(c22, &mo[o22], ld);
+        let o23 = r0 + 2u * s + 48u;
+        coopStoreT(c23, &mo[o23], ld);
+        let o30 = r0 + 3u * s;
+        coopStoreT(c30, &mo[o30], ld);
+        let o31 = r0 + 3u * s + 16u;
+        coopStoreT(c31, &mo[o31], ld);
+        let o32 = r0 + 3u * s + 32u;
+        coopStoreT(c32, &mo[o32], ld);
+        let o33 = r0 + 3u * s + 48u;
+        coopStoreT(c33, &mo[o33], ld);
+        return;
+    }
+#endif
+#if EPI4
+    stage(c00, sg, 0u);
+    stage(c01, sg, 1u);
+    stage(c02, sg, 2u);
+    stage(c03, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 0u, 0u, o_base);
+    workgroupBarrier();
+    stage(c10, sg, 0u);
+    stage(c11, sg, 1u);
+    stage(c12, sg, 2u);
+    stage(c13, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 1u, 0u, o_base);
+    workgroupBarrier();
+    stage(c20, sg, 0u);
+    stage(c21, sg, 1u);
+    stage(c22, sg, 2u);
+    stage(c23, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 2u, 0u, o_base);
+    workgroupBarrier();
+    stage(c30, sg, 0u);
+    stage(c31, sg, 1u);
+    stage(c32, sg, 2u);
+    stage(c33, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 3u, 0u, o_base);
+#else
+    stage(c00, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 0u, o_base); workgroupBarrier();
+    stage(c01, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 16u, o_base); workgroupBarrier();
+    stage(c02, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 32u, o_base); workgroupBarrier();
+    stage(c03, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 48u, o_base); workgroupBarrier();
+    stage(c10, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 0u, o_base); workgroupBarrier();
+    stage(c11, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 16u, o_base); workgroupBarrier();
+    stage(c12, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 32u, o_base); workgroupBarrier();
+    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, o_base); workgroupBarrier();
+    stage(c20, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 0u, o_base); workgroupBarrier();
+    stage(c21, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 16u, o_base); workgroupBarrier();
+    stage(c22, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 32u, o_base); workgroupBarrier();
+    stage(c23, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 48u, o_base); workgroupBarrier();
+    stage(c30, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 0u, o_base); workgroupBarrier();
+    stage(c31, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 16u, o_base); workgroupBarrier();
+    stage(c32, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 32u, o_base); workgroupBarrier();
+    stage(c33, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 48u, o_base);
+#endif
+}

@@ -1,0 +1,138 @@
+// Rotary position embedding of x [tokens, heads, head_dim] at positions pos [tokens] (u32, read on
+// the GPU so one prebuilt dispatch serves every decode step). Pair k < rotary_dim / 2 is rotated by
+// pos * inv_freq[k]; dimensions past rotary_dim are copied (nothing to do in place).
+//   interleaved (GPT-J, GGUF llama): pair (x[2k], x[2k+1]);  half-split (NeoX, HF): (x[k], x[k + rd/2])
+//
+// Angles: cos/sin of pos * inv_freq stay accurate to ~1e-6 at any position below 2^24, where a plain
+// f32 angle is off by up to half an ulp of 32768 (2e-3 rad) and GPU sin/cos lose accuracy far from 0.
+// The host gives each pair's frequency in turns per position as a double-single (hi, lo) computed in
+// f64; pos * turns is formed from exact partial products (12-bit pieces split off with bit masks, so
+// no FMA or evaluation-order assumption), reduced modulo 1 exactly, and cos/sin are polynomials on
+// [-pi/4, pi/4] after an exact quadrant reduction.
+//
+// Specialisation:
+//   TX, TO         f32|f16 element types of x and out; F16 when either is f16
+//   INTERLEAVED    pairing style
+//   INPLACE        out is x: only rotated pairs are touched
+//   FACTORS        freq_factors bound (llama3 scaling: inv_freq[k] / factors[k])
+//   ACC_X, ACC_POS "read", or "read_write" for an input that shares a buffer with out
+//   HPT            heads per thread (the angle is computed once for them)
+#if F16
+enable f16;
+#endif
+
+struct Params {
+    off_x: u32, off_pos: u32, off_tab: u32, off_out: u32, off_ff: u32, o5: u32, o6: u32, o7: u32,
+    tokens: u32, heads: u32, head_dim: u32, half_rot: u32,
+    pairs: u32,    // pair slots per (token, head chunk): half_rot in place, head_dim / 2 otherwise
+    chunks: u32,   // head chunks of HPT
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{TX}}>;
+@group(0) @binding(2) var<storage, {{ACC_POS}}> pos: array<u32>;
+@group(0) @binding(3) var<storage, read> tab: array<vec2<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<{{TO}}>;
+#if FACTORS
+@group(0) @binding(5) var<storage, read> ff: array<f32>;
+#endif
+
+const HPT: u32 = {{HPT}}u;
+
+// The top 12 significant bits of a (the rest of its significand cleared).
+fn top12(a: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(a) & 0xFFFFF000u);
+}
+
+// a - round(a): exact, in [-0.5, 0.5].
+fn wrap(a: f32) -> f32 {
+    return a - round(a);
+}
+
+// (hi + lo) / f as a double-single (q, c). q * f is split into exact 12x12-bit products so the
+// residual hi - q * f is exact up to the last, tiny, subtraction.
+fn ds_div(hi: f32, lo: f32, f: f32) -> vec2<f32> {
+    let q = hi / f;
+    let qh = top12(q);
+    let ql = q - qh;
+    let fh = top12(f);
+    let fl = f - fh;
+    let r = (((hi - qh * fh) - qh * fl) - ql * fh) - ql * fl;
+    return vec2<f32>(q, (r + lo) / f);
+}
+
+// cos and sin of 2 pi t for t in turns, |t| <= 0.5.
+fn cos_sin_turns(t: f32) -> vec2<f32> {
+    let k = round(t * 4.0);
+    let a = (t - k * 0.25) * 6.283185307179586;   // |a| <= pi/4, t - k/4 is exact
+    let a2 = a * a;
+    // Taylor to a^9 / a^10: remainders below 2e-9 on [-pi/4, pi/4].
+    let s = a * (1.0 + a2 * (-1.0 / 6.0 + a2 * (1.0 / 120.0 + a2 * (-1.0 / 5040.0 + a2 * (1.0 / 362880.0)))));
+    let c = 1.0 + a2 * (-0.5 + a2 * (1.0 / 24.0 + a2 * (-1.0 / 720.0 + a2 * (1.0 / 40320.0 + a2 * (-1.0 / 3628800.0)))));
+    let q = (i32(k) + 4) & 3;
+    switch q {
+        case 0: { return vec2<f32>(c, s); }
+        case 1: { return vec2<f32>(-s, c); }
+        case 2: { return vec2<f32>(-c, -s); }
+        default: { return vec2<f32>(s, -c); }
+    }
+}
+
+// cos and sin of position `ps` times pair k's frequency.
+fn angle(ps: u32, k: u32) -> vec2<f32> {
+    var g = tab[p.off_tab / 2u + k];
+#if FACTORS
+    g = ds_div(g.x, g.y, ff[p.off_ff + k]);
+#endif
+    // ps = p1 * 4096 + p0 with 12-bit p0, p1; g.x = a + b with 12-bit a, b: every partial product
+    // below has at most 24 significant bits, so it and its wrap are exact.
+    let p0 = f32(ps & 0xFFFu);
+    let p1 = f32(ps >> 12u);
+    let a = top12(g.x);
+    let b = g.x - a;
+    var t = wrap(p1 * a * 4096.0);
+    t = wrap(t + wrap(p0 * a));
+    t = wrap(t + wrap(p1 * b * 4096.0));
+    t = wrap(t + wrap(p0 * b));
+    t = wrap(t + wrap(f32(ps) * g.y));
+    return cos_sin_turns(t);
+}
+
+@compute @workgroup_size(64)
+fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    if i >= p.tokens * p.chunks * p.pairs {
+        return;
+    }
+    let k = i % p.pairs;
+    let rest = i / p.pairs;
+    let chunk = rest % p.chunks;
+    let token = rest / p.chunks;
+    let h0 = chunk * HPT;
+    let h1 = min(h0 + HPT, p.heads);
+    let row0 = (token * p.heads) * p.head_dim;
+    if k < p.half_rot {
+#if INTERLEAVED
+        let i0 = 2u * k;
+        let i1 = 2u * k + 1u;
+#else
+        let i0 = k;
+        let i1 = k + p.half_rot;
+#endif
+        let cs = angle(pos[p.off_pos + token], k);
+        for (var h = h0; h < h1; h++) {
+            let e = row0 + h * p.head_dim;
+            let a = f32(x[p.off_x + e + i0]);
+            let b = f32(x[p.off_x + e + i1]);
+            out[p.off_out + e + i0] = {{TO}}(a * cs.x - b * cs.y);
+            out[p.off_out + e + i1] = {{TO}}(a * cs.y + b * cs.x);
+        }
+    } else {
+        // Past rotary_dim: pair slot k covers dimensions 2k and 2k + 1 in both styles.
+        for (var h = h0; h < h1; h++) {
+            let e = row0 + h * p.head_dim + 2u * k;
+            out[p.off_out + e] = {{TO}}(x[p.off_x + e]);
+            out[p.off_out + e + 1u] = {{TO}}(x[p.off_x + e + 1u]);
+        }
+    }
+}
