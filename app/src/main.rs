@@ -23,6 +23,10 @@ enum Command {
     Selftest(cli::selftest::SelftestArgs),
     /// Measure speed.
     Bench(cli::bench::BenchArgs),
+    /// Generate one completion.
+    Generate(cli::generate::GenerateArgs),
+    /// Chat in the terminal.
+    Chat(cli::chat::ChatArgs),
 }
 
 fn main() {
@@ -37,6 +41,8 @@ fn main() {
         Some(Command::Info(a)) => cli::info::run(&options, &a),
         Some(Command::Selftest(a)) => cli::selftest::run(&options, &a),
         Some(Command::Bench(a)) => cli::bench::run(&options, &a),
+        Some(Command::Generate(a)) => cli::generate::run(&options, &a),
+        Some(Command::Chat(a)) => cli::chat::run(&options, &a),
     };
     if let Err(e) = result {
         eprintln!("drift: {e:#}");

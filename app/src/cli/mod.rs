@@ -1,5 +1,7 @@
 //! The CLI subcommands, one file each.
 
 pub mod bench;
+pub mod chat;
+pub mod generate;
 pub mod info;
 pub mod selftest;

@@ -286,6 +286,11 @@ impl LlamaModel {
         argmax(gpu, &self.logits, &ids, &self.history, &self.step)
     }
 
+    /// Writes the ids of the next prefill (`ids[0..n]`).
+    pub fn write_ids(&self, gpu: &Gpu, ids: &[u32]) -> Result<()> {
+        gpu.write_tensor_bytes(&self.ids, bytemuck::cast_slice(ids))
+    }
+
     /// Writes the step state: `kv_len` rows valid after this step, first row at `pos0`.
     pub fn set_step(&self, gpu: &Gpu, kv_len: usize, pos0: usize) -> Result<()> {
         gpu.write_tensor_bytes(&self.step, bytemuck::cast_slice(&[kv_len as u32, pos0 as u32]))

@@ -3,3 +3,5 @@
 pub mod config;
 pub mod hf;
 pub mod llama;
+pub mod load;
+pub mod shapes;

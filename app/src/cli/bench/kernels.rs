@@ -19,9 +19,9 @@ pub fn run_all(gpu: &Gpu, reps: usize, filter: Option<&str>, report: &mut dyn Fn
 
     // Bandwidth baseline: 256 MiB copy.
     if wanted("copy") {
-        let n = 64 << 20;
+        let n = (64usize << 20).min(gpu.caps.max_storage_binding as usize / 4);
         let (a, b) = (act(&[n], DType::F32)?, act(&[n], DType::F32)?);
-        let m = measure(gpu, "copy 256 MiB (vec4)", &[copy(gpu, &a, &b)?], reps, "")?;
+        let m = measure(gpu, &format!("copy {} MiB (vec4)", n >> 18), &[copy(gpu, &a, &b)?], reps, "")?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }

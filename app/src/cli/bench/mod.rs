@@ -1,6 +1,7 @@
 //! `drift bench kernels [--json]`: GPU time per kernel at realistic sizes, with GB/s and GFLOP/s.
 
 mod kernels;
+mod llm;
 mod timing;
 
 use anyhow::{Result, bail};
@@ -9,7 +10,7 @@ use serde::Serialize;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// What to measure: `kernels`.
+    /// What to measure: `kernels` or `llm`.
     what: String,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -20,6 +21,8 @@ pub struct BenchArgs {
     /// Timed repetitions per case (the median is reported).
     #[arg(long, default_value_t = 20)]
     reps: usize,
+    #[command(flatten)]
+    llm: llm::LlmBenchArgs,
 }
 
 /// One measured figure.
@@ -34,10 +37,32 @@ pub struct Measurement {
 }
 
 pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
-    if args.what != "kernels" {
-        bail!("unknown benchmark '{}': try `drift bench kernels`", args.what);
-    }
     let gpu = Gpu::new(options)?;
+    if args.what == "llm" {
+        let r = llm::run(&gpu, &args.llm)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            println!("{} on {}", r.shape, r.device);
+            println!("  weights {:.3} GB, KV cache {:.1} MB", r.weight_bytes as f64 / 1e9, r.kv_bytes as f64 / 1e6);
+            println!("  prefill {} tokens: {:.0} tok/s (GPU {:.2} ms)", r.prefill_tokens, r.prefill_tokens_per_s, r.prefill_gpu_ms);
+            println!(
+                "  decode {} tokens: {:.1} tok/s, {:.3} ms/token (GPU {:.3} ms), {} dispatches/token, CPU encode {:.0} us/token",
+                r.decode_tokens, r.decode_tokens_per_s, r.decode_ms_per_token, r.decode_gpu_ms_per_token, r.dispatches_per_token, r.cpu_encode_us_per_token
+            );
+            println!(
+                "  {:.1} MB read per token, copy bandwidth {:.0} GB/s: {:.0}% of the bandwidth roofline",
+                r.bytes_per_token / 1e6, r.copy_gbps, 100.0 * r.roofline_fraction
+            );
+            for (k, us) in &r.top_decode_kernels {
+                println!("    {k:<40} {us:>9.1} us/token");
+            }
+        }
+        return Ok(());
+    }
+    if args.what != "kernels" {
+        bail!("unknown benchmark '{}': try `drift bench kernels` or `drift bench llm`", args.what);
+    }
     if !args.json {
         println!("device: {} ({}), timing: {:?}", gpu.info.name, gpu.info.backend, drift_engine::profiler::Profiler::source(&gpu));
         println!("{:<48} {:>11} {:>10} {:>10}  note", "case", "time (us)", "GB/s", "TFLOP/s");

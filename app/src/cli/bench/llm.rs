@@ -1,0 +1,135 @@
+//! `drift bench llm --shape NAME --random-weights`: prefill and decode speed at a real model's shape.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use drift_engine::generate::{GenerateOptions, LlmSession};
+use drift_engine::kernels::copy::copy;
+use drift_engine::kernels::qkv_rope::RopePairs;
+use drift_engine::models::llama::{LlamaModel, LlamaWeights};
+use drift_engine::models::shapes::{RandomWeights, ShapedRandom, llm_shape};
+use drift_engine::profiler::Profiler;
+use drift_engine::sampling::SamplingParams;
+use drift_engine::tokenize::TextTokenizer;
+use drift_engine::{Category, DType, Gpu, Program};
+use serde::Serialize;
+
+use super::timing::time_sequence;
+
+#[derive(clap::Args)]
+pub struct LlmBenchArgs {
+    #[arg(long)]
+    pub shape: String,
+    /// Random weights at the shape's real sizes (the only mode: no model file is read).
+    #[arg(long)]
+    pub random_weights: bool,
+    /// Prompt tokens to prefill.
+    #[arg(long, default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens to decode.
+    #[arg(long = "gen", default_value_t = 128)]
+    pub generate: usize,
+}
+
+#[derive(Serialize)]
+pub struct LlmBench {
+    pub shape: String,
+    pub device: String,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub prefill_tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub prefill_gpu_ms: f64,
+    pub decode_tokens: usize,
+    pub decode_tokens_per_s: f64,
+    pub decode_ms_per_token: f64,
+    pub decode_gpu_ms_per_token: f64,
+    pub dispatches_per_token: usize,
+    pub cpu_encode_us_per_token: f64,
+    pub bytes_per_token: f64,
+    pub copy_gbps: f64,
+    pub roofline_fraction: f64,
+    pub top_decode_kernels: Vec<(String, f64)>,
+}
+
+pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
+    if !a.random_weights {
+        bail!("drift bench llm needs --random-weights (it measures a shape, not a file)");
+    }
+    let cfg = llm_shape(&a.shape)?;
+    let t = Instant::now();
+    let src = ShapedRandom { cfg: &cfg, rng: RandomWeights { seed: 1 } };
+    let w = LlamaWeights::load(gpu, &cfg, &src, RopePairs::HalfSplit)?;
+    let weight_bytes = gpu.memory_report().bytes(Category::Weights);
+    eprintln!("weights: {:.2} GB in {:.1} s", weight_bytes as f64 / 1e9, t.elapsed().as_secs_f64());
+    let ctx = a.prompt + a.generate + 2;
+    let model = LlamaModel::new(gpu, cfg.clone(), w, ctx)?;
+    let kv_bytes = gpu.memory_report().bytes(Category::KvCache);
+    // A one-token vocabulary tokenizer stands in: the benchmark never detokenises meaningfully.
+    let tok = TextTokenizer::from_json(r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#)?;
+    let mut s = LlmSession::new(gpu, model, tok, None, vec![])?;
+    let prompt: Vec<u32> = (0..a.prompt).map(|i| (i * 7919 % cfg.vocab) as u32).collect();
+
+    // Prefill: GPU time of the prefill program, median of 5.
+    let m = &s.model;
+    m.write_ids(gpu, &prompt)?;
+    m.set_step(gpu, prompt.len(), 0)?;
+    let (prefill, _) = m.build_prefill(gpu, prompt.len(), false)?;
+    let prefill_us = time_sequence(gpu, &prefill.dispatches, 5)?;
+    let mut walls = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        prefill.run(gpu)?;
+        walls.push(t.elapsed().as_secs_f64());
+    }
+    walls.sort_by(f64::total_cmp);
+    let prefill_wall = walls[2];
+
+    // Decode: real generation loop (greedy, pipelined), after a warm-up.
+    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: a.generate, stop: vec![] };
+    let cancel = AtomicBool::new(false);
+    s.generate(gpu, &prompt[..8], &GenerateOptions { max_tokens: 8, ..opts.clone() }, &cancel, &mut |_| {})?;
+    s.reset();
+    let g = s.generate(gpu, &prompt, &opts, &cancel, &mut |_| {})?;
+
+    // One decode step under the profiler: GPU time per token and where it goes.
+    let m = &s.model;
+    m.set_step(gpu, prompt.len() + 1, prompt.len())?;
+    let mut step = Program::new();
+    step.extend(m.decode_program().dispatches.iter().cloned());
+    step.push(m.argmax_dispatch(gpu)?);
+    let profile = step.run_profiled(gpu, &mut Profiler::new())?;
+    let decode_gpu_us = profile.busy_us();
+    let top = profile.by_kernel().into_iter().take(6).map(|k| (k.name, k.total_us)).collect();
+    let cpu_us = step.cpu_us_per_dispatch(gpu, 20) * step.len() as f64;
+    let bytes_per_token = step.cost().bytes;
+
+    // Copy bandwidth on this device, for the roofline.
+    let n = (64usize << 20).min(gpu.caps.max_storage_binding as usize / 4);
+    let x = gpu.tensor("copy a", &[n], DType::F32, Category::Other)?;
+    let y = gpu.tensor("copy b", &[n], DType::F32, Category::Other)?;
+    let cd = copy(gpu, &x, &y)?;
+    let copy_bytes = cd.cost.bytes;
+    let copy_gbps = copy_bytes / time_sequence(gpu, &[cd], 10)? / 1e3;
+    let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
+    Ok(LlmBench {
+        shape: a.shape.clone(),
+        device: gpu.info.name.clone(),
+        weight_bytes,
+        kv_bytes,
+        prefill_tokens: prompt.len(),
+        prefill_tokens_per_s: prompt.len() as f64 / prefill_wall,
+        prefill_gpu_ms: prefill_us / 1e3,
+        decode_tokens: g.tokens.len(),
+        decode_tokens_per_s: g.decode_tokens_per_s,
+        decode_ms_per_token: 1e3 / g.decode_tokens_per_s,
+        decode_gpu_ms_per_token: decode_gpu_us / 1e3,
+        dispatches_per_token: step.len(),
+        cpu_encode_us_per_token: cpu_us,
+        bytes_per_token,
+        copy_gbps,
+        roofline_fraction: g.decode_tokens_per_s / roofline_tps,
+        top_decode_kernels: top,
+    })
+}
