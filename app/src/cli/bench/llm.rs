@@ -19,7 +19,8 @@ use super::timing::time_sequence;
 
 #[derive(clap::Args)]
 pub struct LlmBenchArgs {
-    #[arg(long)]
+    /// smollm2-135m, llama-3.2-1b or llama-3.1-8b.
+    #[arg(long, default_value = "smollm2-135m")]
     pub shape: String,
     /// Random weights at the shape's real sizes (the only mode: no model file is read).
     #[arg(long)]
