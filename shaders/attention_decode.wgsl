@@ -9,7 +9,8 @@
 //                   writing the unnormalised partial (acc[D], max m, sum l) of each row;
 //   entry `reduce`: one workgroup per output row merges the partials of the active splits.
 // Specialisation: QT, KT, OT (f32|f16); F16; QV, KV, OV (vec4 bindings); D; KS (padded vec4 row
-// stride of k_s, odd); T; R; G; CAUSAL; KSPLIT (keys of a tile split over lane groups, then summed).
+// stride of k_s, odd); T; R; G; CAUSAL; KSPLIT (keys of a tile split over lane groups, then summed);
+// SG (subgroupMax before the per-row atomic max); LOADS, RG, KG, RPT and the generated blocks.
 #if F16
 enable f16;
 #endif
@@ -78,12 +79,14 @@ fn load_v(e: u32) -> vec4<f32> {
 
 const NT: u32 = 128u;
 const KS: u32 = {{KS}}u;
+const LOADS: u32 = {{LOADS}}u;
 // Output phase roles: lane `col` owns vec4 column col of D/4; the NG lane groups split the rows
-// (RG groups) and, when there are fewer rows than groups, the keys of each tile (KG groups).
+// (RG groups, RPT rows each) and, when there are fewer rows than groups, the keys of each tile
+// (KG groups, summed at the end).
 const NG: u32 = NT / DC;
-const RG: u32 = min(R, NG);
-const KG: u32 = NG / RG;
-const RPT: u32 = (R + RG - 1u) / RG;
+const RG: u32 = {{RG}}u;
+const KG: u32 = {{KG}}u;
+const RPT: u32 = {{RPT}}u;
 
 var<workgroup> q_s: array<vec4<f32>, R * DC>;  // scaled q rows
 var<workgroup> k_s: array<vec4<f32>, T * KS>;
@@ -106,16 +109,30 @@ fn unordered(u: u32) -> f32 {
     return bitcast<f32>(select(~u, u & 0x7fffffffu, (u & 0x80000000u) != 0u));
 }
 
+// Register arrays are only indexed by constants: the host generates the unrolled
+// statements (a dynamic index would put the array in local memory, and naga's loop bounding keeps
+// drivers from unrolling loops). The next tile's K/V is loaded into registers while the current one
+// is used.
 @compute @workgroup_size(128)
 fn split(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
+#if SG
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+    @builtin(subgroup_id) sg_id: u32,
+#endif
 ) {
     let g = wid.x + wid.y * nwg.x;
     if g >= p.groups {
         return;
     }
+#if SG
+    let role = sg_id * sg_size + sg_lane;
+#else
+    let role = lid;
+#endif
     let sp = g % p.splits;
     let bh = g / p.splits;
     let hk = bh % p.hkv;
@@ -134,6 +151,7 @@ fn split(
 #endif
 
     let q_base = (b * p.lq * p.hq + hk * G) * D;
+    let kv_base = (b * p.lkv * p.hkv + hk) * D;
     for (var e = lid; e < R * DC; e += NT) {
         let r = e / DC;
         let c = e % DC;
@@ -151,7 +169,10 @@ fn split(
     let o_lane = grp < RG * KG;
     var acc: array<vec4<f32>, RPT>;
     var l: array<f32, RPT>;
-
+    var kr: array<vec4<f32>, LOADS>;
+    var vr: array<vec4<f32>, LOADS>;
+    var t0n = j0;
+{{PREFETCH}}
     for (var t0 = j0; t0 < j1; t0 += T) {
         workgroupBarrier();
         // Fold the previous tile's max into the running max.
@@ -159,23 +180,15 @@ fn split(
             m_s[lid] = max(m_s[lid], unordered(atomicLoad(&mx_s[lid])));
             atomicStore(&mx_s[lid], ordered(NEG));
         }
-        let n = min(T, j1 - t0);
-        for (var e = lid; e < T * DC; e += NT) {
-            let kk = e / DC;
-            let c = e % DC;
-            var kx = vec4<f32>(0.0);
-            var vx = vec4<f32>(0.0);
-            if kk < n {
-                let o = ((b * p.lkv + t0 + kk) * p.hkv + hk) * D + c * 4u;
-                kx = load_k(p.off1 + o);
-                vx = load_v(p.off2 + o);
-            }
-            k_s[kk * KS + c] = kx;
-            v_s[e] = vx;
-        }
+{{STAGE}}
         workgroupBarrier();
+        t0n = t0 + T;
+        if t0n < j1 {
+{{PREFETCH}}
+        }
 
-        for (var e = lid; e < R * T; e += NT) {
+        let n = min(T, j1 - t0);
+        for (var e = role; e < R * T; e += NT) {
             let r = e / T;
             let kk = e % T;
             var visible = kk < n;
@@ -184,13 +197,26 @@ fn split(
 #endif
             var sc = NEG;
             if visible {
-                var d = vec4<f32>(0.0);
-                for (var c = 0u; c < DC; c++) {
-                    d += q_s[r * DC + c] * k_s[kk * KS + c];
-                }
+                let qo = r * DC;
+                let ko = kk * KS;
+                var d0 = vec4<f32>(0.0);
+                var d1 = vec4<f32>(0.0);
+                var d2 = vec4<f32>(0.0);
+                var d3 = vec4<f32>(0.0);
+{{DOT_BODY}}
+                let d = (d0 + d1) + (d2 + d3);
                 sc = d.x + d.y + d.z + d.w;
+#ifnot SG
                 atomicMax(&mx_s[r], ordered(sc));
+#endif
             }
+#if SG
+            // One atomic per subgroup: its lanes hold consecutive keys of one row.
+            let m_sg = subgroupMax(sc);
+            if sg_lane == 0u && m_sg > NEG_HALF {
+                atomicMax(&mx_s[r], ordered(m_sg));
+            }
+#endif
             p_s[e] = sc;
         }
         workgroupBarrier();
@@ -204,22 +230,8 @@ fn split(
         workgroupBarrier();
 
         if o_lane {
-            for (var i = 0u; i < RPT; i++) {
-                let r = rg + RG * i;
-                if r < R {
-                    let m_old = m_s[r];
-                    let alpha = exp(m_old - max(m_old, unordered(atomicLoad(&mx_s[r]))));
-                    var a = acc[i] * alpha;
-                    var ls = 0.0;
-                    for (var kk = kg; kk < T; kk += KG) {
-                        let pk = p_s[r * T + kk];
-                        a += pk * v_s[kk * DC + col];
-                        ls += pk;
-                    }
-                    acc[i] = a;
-                    l[i] = l[i] * alpha + ls;
-                }
-            }
+{{ALPHA_BODY}}
+{{O_BODY}}
         }
     }
     workgroupBarrier();
@@ -229,8 +241,8 @@ fn split(
 #if KSPLIT
     // KG > 1 only happens with one row per lane (RPT = 1): sum the key groups' partials.
     if o_lane {
-        red_s[grp * DC + col] = acc[0];
-        redl_s[grp * DC + col] = l[0];
+        red_s[lid] = acc[0];
+        redl_s[lid] = l[0];
     }
     workgroupBarrier();
     if o_lane && kg == 0u {
@@ -243,16 +255,7 @@ fn split(
     workgroupBarrier();
 #endif
     if o_lane && kg == 0u {
-        for (var i = 0u; i < RPT; i++) {
-            let r = rg + RG * i;
-            if r < R {
-                let idx = (bh * p.splits + sp) * R + r;
-                part_o[idx * DC + col] = acc[i];
-                if col == 0u {
-                    part_ml[idx] = vec2<f32>(m_s[r], l[i]);
-                }
-            }
-        }
+{{WRITE_BODY}}
     }
 }
 #else
@@ -275,7 +278,27 @@ fn store_out4(e: u32, x: vec4<f32>) {
 }
 #endif
 
-// One workgroup per output row (b, position, query head); lane c owns vec4 column c.
+const MAX_SPLITS: u32 = {{MAX_SPLITS}}u;
+var<workgroup> red_m: array<f32, 64>;
+var<workgroup> w_s: array<f32, MAX_SPLITS>;
+
+// Tree reduction of red_m over the 64 lanes (max or sum); every lane gets the result.
+fn reduce64(lid: u32, is_max: bool) -> f32 {
+    workgroupBarrier();
+    for (var w = 32u; w > 0u; w >>= 1u) {
+        if lid < w {
+            let o = red_m[lid + w];
+            red_m[lid] = select(red_m[lid] + o, max(red_m[lid], o), is_max);
+        }
+        workgroupBarrier();
+    }
+    let r = red_m[0];
+    workgroupBarrier();
+    return r;
+}
+
+// One workgroup per output row (b, position, query head): the lanes share out the splits for the
+// max and the weights, then lane c < D/4 sums vec4 column c over the splits, four loads in flight.
 @compute @workgroup_size(64)
 fn reduce(
     @builtin(local_invocation_index) lid: u32,
@@ -283,7 +306,7 @@ fn reduce(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    if g >= p.groups || lid >= DC {
+    if g >= p.groups {
         return;
     }
     let h = g % p.hq;
@@ -291,24 +314,45 @@ fn reduce(
     let i = t % p.lq;
     let b = t / p.lq;
     let r = i * G + h % G;
-    let bh = b * p.hkv + h / G;
+    let base = (b * p.hkv + h / G) * p.splits;
     let kv_len = min(step[p.off0], p.lkv);
     let chunk = chunk_len(kv_len);
     let n_active = (kv_len + chunk - 1u) / chunk;
-    var m_all = NEG;
-    for (var sp = 0u; sp < n_active; sp++) {
-        m_all = max(m_all, part_ml[(bh * p.splits + sp) * R + r].x);
+
+    var m_loc = NEG;
+    for (var sp = lid; sp < n_active; sp += 64u) {
+        m_loc = max(m_loc, part_ml[(base + sp) * R + r].x);
     }
-    var acc = vec4<f32>(0.0);
-    var l = 0.0;
-    for (var sp = 0u; sp < n_active; sp++) {
-        let idx = (bh * p.splits + sp) * R + r;
-        let ml = part_ml[idx];
+    red_m[lid] = m_loc;
+    let m_all = reduce64(lid, true);
+    var l_loc = 0.0;
+    for (var sp = lid; sp < n_active; sp += 64u) {
+        let ml = part_ml[(base + sp) * R + r];
         let w = exp(ml.x - m_all);
-        l += w * ml.y;
-        acc += w * part_o[idx * DC + lid];
+        w_s[sp] = w;
+        l_loc += w * ml.y;
+    }
+    red_m[lid] = l_loc;
+    let l = reduce64(lid, false); // its barriers also publish w_s
+    if lid >= DC {
+        return;
+    }
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    let last = n_active - 1u;
+    for (var s0 = 0u; s0 < n_active; s0 += 4u) {
+        // Past the last split: re-read it (in range) with weight 0.
+        let s1 = min(s0 + 1u, last);
+        let s2 = min(s0 + 2u, last);
+        let s3 = min(s0 + 3u, last);
+        a0 += w_s[s0] * part_o[((base + s0) * R + r) * DC + lid];
+        a1 += select(0.0, w_s[s1], s0 + 1u <= last) * part_o[((base + s1) * R + r) * DC + lid];
+        a2 += select(0.0, w_s[s2], s0 + 2u <= last) * part_o[((base + s2) * R + r) * DC + lid];
+        a3 += select(0.0, w_s[s3], s0 + 3u <= last) * part_o[((base + s3) * R + r) * DC + lid];
     }
     let inv = select(0.0, 1.0 / l, l > 0.0);
-    store_out4(p.off3 + ((b * p.lq + i) * p.hq + h) * D + lid * 4u, acc * inv);
+    store_out4(p.off3 + ((b * p.lq + i) * p.hq + h) * D + lid * 4u, ((a0 + a1) + (a2 + a3)) * inv);
 }
 #endif

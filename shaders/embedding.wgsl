@@ -18,6 +18,7 @@ struct Params {
     shard_rows: u32,
     vocab: u32,
     zero_oob: u32,
+    blocks: u32,      // workgroups per row (1024 vectors each)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -34,21 +35,45 @@ const VW: u32 = 1u;
 #endif
 @group(0) @binding(2) var<storage, {{ACC_IDS}}> ids: array<u32>;
 
+// A workgroup copies up to 4 * 256 vectors of one token's row: the id is read once per thread and
+// the four loads are issued before the stores.
 @compute @workgroup_size(256)
-fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 256u;
-    if i >= p.n_ids * p.dim_v {
+fn gather(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let wg = wid.x + wid.y * nwg.x;
+    let t = wg / p.blocks;
+    if t >= p.n_ids {
         return;
     }
-    let t = i / p.dim_v;
-    let c = i - t * p.dim_v;
+    let c0 = (wg % p.blocks) * 1024u + lid;
     let id = ids[p.off_ids + t];
     // Unsigned: ids below row_start wrap around and fail the test too.
     let local = id - p.row_start;
-    let o = p.off_out / VW + i;
+    let o = p.off_out / VW + t * p.dim_v;
     if local < p.shard_rows {
-        out[o] = VO(table[p.off_table / VW + local * p.dim_v + c]);
+        let src = p.off_table / VW + local * p.dim_v;
+        var a: array<VO, 4>;
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k * 256u;
+            if c < p.dim_v {
+                a[k] = VO(table[src + c]);
+            }
+        }
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k * 256u;
+            if c < p.dim_v {
+                out[o + c] = a[k];
+            }
+        }
     } else if p.zero_oob != 0u && id >= p.vocab {
-        out[o] = VO(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k * 256u;
+            if c < p.dim_v {
+                out[o + c] = VO(0.0);
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@
 // depends only on the workgroup id and uniforms. Offsets are computed in `let`s before each
 // coopLoad/coopStore (naga's SPIR-V writer panics on inline index expressions there).
 //
-// Specialisation: TO (output scalar), TB (bias scalar), WG (4 x the subgroup size), TRANS_B, BIAS,
+// Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
 enable f16;
@@ -46,7 +46,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
 #endif
 
-const WG = {{WG}}u;
+const WG = 128u; // 4 subgroups of 32
 const BM = 128u;
 const BN = 128u;
 const BK = 32u;
@@ -56,7 +56,6 @@ const GROUP_M = 8u;
 // 32 banks.
 const PK = 10u;
 const PN = 34u;
-const LOADS = (BM * BK / 4u) / WG; // vec4 loads per thread per operand per K step
 
 var<workgroup> As: array<vec4<f16>, BM * PK>; // As[m][k / 4]
 #if TRANS_B
@@ -91,16 +90,15 @@ fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
     return vec4<f16>(0.0);
 }
 #else
-fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
-    var v = vec4<f16>(0.0);
-    if row < p.m {
-        for (var j = 0u; j < 4u; j++) {
-            if k + j < p.k {
-                v[j] = ma[base + row * p.k + k + j];
-            }
-        }
+fn a_at(base: u32, row: u32, k: u32) -> f16 {
+    if row < p.m && k < p.k {
+        return ma[base + row * p.k + k];
     }
-    return v;
+    return f16(0.0);
+}
+
+fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
+    return vec4<f16>(a_at(base, row, k), a_at(base, row, k + 1u), a_at(base, row, k + 2u), a_at(base, row, k + 3u));
 }
 #endif
 
@@ -113,16 +111,15 @@ fn fetch_b(base: u32, row: u32, k: u32) -> vec4<f16> {
     return vec4<f16>(0.0);
 }
 #else
-fn fetch_b(base: u32, row: u32, k: u32) -> vec4<f16> {
-    var v = vec4<f16>(0.0);
-    if row < p.n {
-        for (var j = 0u; j < 4u; j++) {
-            if k + j < p.k {
-                v[j] = mb[base + row * p.ldb + k + j];
-            }
-        }
+fn b_at(base: u32, row: u32, k: u32) -> f16 {
+    if row < p.n && k < p.k {
+        return mb[base + row * p.ldb + k];
     }
-    return v;
+    return f16(0.0);
+}
+
+fn fetch_b(base: u32, row: u32, k: u32) -> vec4<f16> {
+    return vec4<f16>(b_at(base, row, k), b_at(base, row, k + 1u), b_at(base, row, k + 2u), b_at(base, row, k + 3u));
 }
 #endif
 #else
@@ -135,69 +132,94 @@ fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
     return vec4<f16>(0.0);
 }
 #else
+fn b_at(base: u32, k: u32, col: u32) -> f16 {
+    if k < p.k && col < p.n {
+        return mb[base + k * p.ldb + col];
+    }
+    return f16(0.0);
+}
+
 fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
-    var v = vec4<f16>(0.0);
-    if k < p.k {
-        for (var j = 0u; j < 4u; j++) {
-            if col + j < p.n {
-                v[j] = mb[base + k * p.ldb + col + j];
-            }
-        }
-    }
-    return v;
+    return vec4<f16>(b_at(base, k, col), b_at(base, k, col + 1u), b_at(base, k, col + 2u), b_at(base, k, col + 3u));
 }
 #endif
 #endif
 
-// Global -> registers for K step k0. A: 8 vec4 per 32-deep row. B: as A when transposed, else 32
-// vec4 per 128-wide row.
-fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
-    var r: array<vec4<f16>, LOADS>;
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        r[i] = fetch_a(base, m0 + idx / 8u, k0 + (idx % 8u) * 4u);
-    }
-    return r;
+// Global -> registers for K step k0, 8 vec4 per operand and invocation (written out: wgpu's loops
+// are not unrolled, and a loop-indexed private array would live in local memory). A: 8 vec4 per
+// 32-deep row, invocation lid takes rows lid / 8 + 16 i. B: as A when transposed, else 32 vec4 per
+// 128-wide row, rows lid / 32 + 4 i.
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+    v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
 }
 
-fn store_a(lid: u32, r: array<vec4<f16>, LOADS>) {
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        As[(idx / 8u) * PK + idx % 8u] = r[i];
-    }
+fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> Stage {
+    let r = m0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(
+        fetch_a(base, r, k), fetch_a(base, r + 16u, k), fetch_a(base, r + 32u, k), fetch_a(base, r + 48u, k),
+        fetch_a(base, r + 64u, k), fetch_a(base, r + 80u, k), fetch_a(base, r + 96u, k), fetch_a(base, r + 112u, k),
+    );
+}
+
+// A (and B when transposed) in rows of PK vec4: row lid / 8 + 16 i.
+fn store_a(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 16u * PK;
+    As[o] = s.v0;
+    As[o + d] = s.v1;
+    As[o + 2u * d] = s.v2;
+    As[o + 3u * d] = s.v3;
+    As[o + 4u * d] = s.v4;
+    As[o + 5u * d] = s.v5;
+    As[o + 6u * d] = s.v6;
+    As[o + 7u * d] = s.v7;
 }
 
 #if TRANS_B
-fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
-    var r: array<vec4<f16>, LOADS>;
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        r[i] = fetch_b(base, n0 + idx / 8u, k0 + (idx % 8u) * 4u);
-    }
-    return r;
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
+    let r = n0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(
+        fetch_b(base, r, k), fetch_b(base, r + 16u, k), fetch_b(base, r + 32u, k), fetch_b(base, r + 48u, k),
+        fetch_b(base, r + 64u, k), fetch_b(base, r + 80u, k), fetch_b(base, r + 96u, k), fetch_b(base, r + 112u, k),
+    );
 }
 
-fn store_b(lid: u32, r: array<vec4<f16>, LOADS>) {
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        Bs[(idx / 8u) * PK + idx % 8u] = r[i];
-    }
+fn store_b(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 16u * PK;
+    Bs[o] = s.v0;
+    Bs[o + d] = s.v1;
+    Bs[o + 2u * d] = s.v2;
+    Bs[o + 3u * d] = s.v3;
+    Bs[o + 4u * d] = s.v4;
+    Bs[o + 5u * d] = s.v5;
+    Bs[o + 6u * d] = s.v6;
+    Bs[o + 7u * d] = s.v7;
 }
 #else
-fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> array<vec4<f16>, LOADS> {
-    var r: array<vec4<f16>, LOADS>;
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        r[i] = fetch_b(base, k0 + idx / 32u, n0 + (idx % 32u) * 4u);
-    }
-    return r;
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
+    let k = k0 + lid / 32u;
+    let c = n0 + (lid % 32u) * 4u;
+    return Stage(
+        fetch_b(base, k, c), fetch_b(base, k + 4u, c), fetch_b(base, k + 8u, c), fetch_b(base, k + 12u, c),
+        fetch_b(base, k + 16u, c), fetch_b(base, k + 20u, c), fetch_b(base, k + 24u, c), fetch_b(base, k + 28u, c),
+    );
 }
 
-fn store_b(lid: u32, r: array<vec4<f16>, LOADS>) {
-    for (var i = 0u; i < LOADS; i++) {
-        let idx = lid + i * WG;
-        Bs[(idx / 32u) * PN + idx % 32u] = r[i];
-    }
+fn store_b(lid: u32, s: Stage) {
+    let o = (lid / 32u) * PN + lid % 32u;
+    let d = 4u * PN;
+    Bs[o] = s.v0;
+    Bs[o + d] = s.v1;
+    Bs[o + 2u * d] = s.v2;
+    Bs[o + 3u * d] = s.v3;
+    Bs[o + 4u * d] = s.v4;
+    Bs[o + 5u * d] = s.v5;
+    Bs[o + 6u * d] = s.v6;
+    Bs[o + 7u * d] = s.v7;
 }
 #endif
 
@@ -223,14 +245,11 @@ fn stage(c: coop_mat16x16<f32, C>, q: u32, j: u32) {
 }
 
 #if BIAS
-fn bias4(col: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if col + j < p.n {
-            v[j] = f32(bias[p.off_bias + p.col0 + col + j]);
-        }
+fn bias_at(col: u32) -> f32 {
+    if col < p.n {
+        return f32(bias[p.off_bias + p.col0 + col]);
     }
-    return v;
+    return 0.0;
 }
 #endif
 
@@ -249,7 +268,7 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
         let col = n0 + (q % 2u) * 64u + c0 + c;
         if row < p.m {
 #if BIAS
-            v += bias4(col);
+            v += vec4<f32>(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
 #endif
             let ob = o_base + row * p.ldo + col;
 #if VO
@@ -257,10 +276,17 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
                 mo[ob / 4u] = vec4<{{TO}}>(v);
             }
 #else
-            for (var j = 0u; j < 4u; j++) {
-                if col + j < p.n {
-                    mo[ob + j] = {{TO}}(v[j]);
-                }
+            if col < p.n {
+                mo[ob] = {{TO}}(v.x);
+            }
+            if col + 1u < p.n {
+                mo[ob + 1u] = {{TO}}(v.y);
+            }
+            if col + 2u < p.n {
+                mo[ob + 2u] = {{TO}}(v.z);
+            }
+            if col + 3u < p.n {
+                mo[ob + 3u] = {{TO}}(v.w);
             }
 #endif
         }

@@ -7,6 +7,10 @@
 // workgroup-memory tree. W is read once, 16 bytes per lane and load (8 f16 as vec4<u32> unpacked
 // with unpack2x16float, or 4 f32), four loads in flight per lane.
 //
+// wgpu compiles every WGSL loop with an iteration guard (naga's loop bounding), which keeps drivers
+// from unrolling it; so the NB accumulators are named struct fields, never a loop-indexed private
+// array (that would live in slow local memory), and `if NB > b` tests fold away at compile time.
+//
 // Specialisation: TX (x scalar), TO (output scalar), TB (bias scalar), F16, NB, WG (workgroup size),
 // WF16 (f16 weight), VEC (K and the w / x offsets allow the vector loads), SG, BIAS.
 #if F16
@@ -50,29 +54,68 @@ const TS = 32u; // team size of the workgroup-memory variant
 var<workgroup> red: array<f32, NB * WG>;
 #endif
 
+// Per-lane partial sums of the current row, one vec4 per activation row b (fields a0..a7, b < NB).
+struct Acc {
+    a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>,
+    a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>,
+}
+var<private> acc: Acc;
+
 #if VEC
+// x row b as vec4s.
+fn xrow(b: u32) -> u32 {
+    return (p.off_x + b * p.k) / 4u;
+}
 #if WF16
 const CW = 8u; // elements per W load
 fn wload(i: u32) -> vec4<u32> {
     return w[i];
 }
-// acc += w chunk (8 elements at k = 8 c) * x[b, 8 c .. 8 c + 8]
-fn fma_chunk(wv: vec4<u32>, xb: u32, c: u32, acc: vec4<f32>) -> vec4<f32> {
+// a + w chunk c (8 elements at k = 8 c) * x row b at the same k.
+fn fma_chunk(wv: vec4<u32>, xb: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
     let x0 = vec4<f32>(xs[xb + 2u * c]);
     let x1 = vec4<f32>(xs[xb + 2u * c + 1u]);
     let w0 = vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
     let w1 = vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w));
-    return fma(w0, x0, fma(w1, x1, acc));
+    return fma(w0, x0, fma(w1, x1, a));
 }
 #else
 const CW = 4u;
 fn wload(i: u32) -> vec4<f32> {
     return w[i];
 }
-fn fma_chunk(wv: vec4<f32>, xb: u32, c: u32, acc: vec4<f32>) -> vec4<f32> {
-    return fma(wv, vec4<f32>(xs[xb + c]), acc);
+fn fma_chunk(wv: vec4<f32>, xb: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
+    return fma(wv, vec4<f32>(xs[xb + c]), a);
 }
 #endif
+#if WF16
+fn add_chunk(wv: vec4<u32>, c: u32) {
+#else
+fn add_chunk(wv: vec4<f32>, c: u32) {
+#endif
+    acc.a0 = fma_chunk(wv, xrow(0u), c, acc.a0);
+    if NB > 1u {
+        acc.a1 = fma_chunk(wv, xrow(1u), c, acc.a1);
+    }
+    if NB > 2u {
+        acc.a2 = fma_chunk(wv, xrow(2u), c, acc.a2);
+    }
+    if NB > 3u {
+        acc.a3 = fma_chunk(wv, xrow(3u), c, acc.a3);
+    }
+    if NB > 4u {
+        acc.a4 = fma_chunk(wv, xrow(4u), c, acc.a4);
+    }
+    if NB > 5u {
+        acc.a5 = fma_chunk(wv, xrow(5u), c, acc.a5);
+    }
+    if NB > 6u {
+        acc.a6 = fma_chunk(wv, xrow(6u), c, acc.a6);
+    }
+    if NB > 7u {
+        acc.a7 = fma_chunk(wv, xrow(7u), c, acc.a7);
+    }
+}
 #else
 #if WF16
 fn wval(e: u32) -> f32 {
@@ -83,11 +126,66 @@ fn wval(e: u32) -> f32 {
     return w[e];
 }
 #endif
+fn xval(b: u32, e: u32) -> f32 {
+    return f32(xs[p.off_x + b * p.k + e]);
+}
+// acc += w (the weights at e, e + ts, e + 2 ts, e + 3 ts) * x at the same positions.
+fn x4(b: u32, e: u32, ts: u32) -> vec4<f32> {
+    return vec4<f32>(xval(b, e), xval(b, e + ts), xval(b, e + 2u * ts), xval(b, e + 3u * ts));
+}
+fn add4(wv: vec4<f32>, e: u32, ts: u32) {
+    acc.a0 = fma(wv, x4(0u, e, ts), acc.a0);
+    if NB > 1u {
+        acc.a1 = fma(wv, x4(1u, e, ts), acc.a1);
+    }
+    if NB > 2u {
+        acc.a2 = fma(wv, x4(2u, e, ts), acc.a2);
+    }
+    if NB > 3u {
+        acc.a3 = fma(wv, x4(3u, e, ts), acc.a3);
+    }
+    if NB > 4u {
+        acc.a4 = fma(wv, x4(4u, e, ts), acc.a4);
+    }
+    if NB > 5u {
+        acc.a5 = fma(wv, x4(5u, e, ts), acc.a5);
+    }
+    if NB > 6u {
+        acc.a6 = fma(wv, x4(6u, e, ts), acc.a6);
+    }
+    if NB > 7u {
+        acc.a7 = fma(wv, x4(7u, e, ts), acc.a7);
+    }
+}
+fn add1(wv: f32, e: u32) {
+    acc.a0.x = fma(wv, xval(0u, e), acc.a0.x);
+    if NB > 1u {
+        acc.a1.x = fma(wv, xval(1u, e), acc.a1.x);
+    }
+    if NB > 2u {
+        acc.a2.x = fma(wv, xval(2u, e), acc.a2.x);
+    }
+    if NB > 3u {
+        acc.a3.x = fma(wv, xval(3u, e), acc.a3.x);
+    }
+    if NB > 4u {
+        acc.a4.x = fma(wv, xval(4u, e), acc.a4.x);
+    }
+    if NB > 5u {
+        acc.a5.x = fma(wv, xval(5u, e), acc.a5.x);
+    }
+    if NB > 6u {
+        acc.a6.x = fma(wv, xval(6u, e), acc.a6.x);
+    }
+    if NB > 7u {
+        acc.a7.x = fma(wv, xval(7u, e), acc.a7.x);
+    }
+}
 #endif
 
-// Partial sums of one lane over its share of row `row` (lanes `lane`, stride `ts`).
-fn partial(row: u32, lane: u32, ts: u32) -> array<vec4<f32>, NB> {
-    var acc: array<vec4<f32>, NB>;
+// acc = this lane's partial sums of row `row` (lanes `lane`, stride `ts`), four loads in flight.
+fn partial(row: u32, lane: u32, ts: u32) {
+    acc = Acc();
 #if VEC
     let wrow = (p.off_w + row * p.k) / CW;
     let nc = p.k / CW;
@@ -97,39 +195,24 @@ fn partial(row: u32, lane: u32, ts: u32) -> array<vec4<f32>, NB> {
         let w1 = wload(wrow + c + ts);
         let w2 = wload(wrow + c + 2u * ts);
         let w3 = wload(wrow + c + 3u * ts);
-        for (var b = 0u; b < NB; b++) {
-            let xb = (p.off_x + b * p.k) / 4u;
-            var a = fma_chunk(w0, xb, c, acc[b]);
-            a = fma_chunk(w1, xb, c + ts, a);
-            a = fma_chunk(w2, xb, c + 2u * ts, a);
-            acc[b] = fma_chunk(w3, xb, c + 3u * ts, a);
-        }
+        add_chunk(w0, c);
+        add_chunk(w1, c + ts);
+        add_chunk(w2, c + 2u * ts);
+        add_chunk(w3, c + 3u * ts);
     }
     for (; c < nc; c += ts) {
-        let w0 = wload(wrow + c);
-        for (var b = 0u; b < NB; b++) {
-            acc[b] = fma_chunk(w0, (p.off_x + b * p.k) / 4u, c, acc[b]);
-        }
+        add_chunk(wload(wrow + c), c);
     }
 #else
     let wrow = p.off_w + row * p.k;
     var e = lane;
     for (; e + 3u * ts < p.k; e += 4u * ts) {
-        let w0 = vec4<f32>(wval(wrow + e), wval(wrow + e + ts), wval(wrow + e + 2u * ts), wval(wrow + e + 3u * ts));
-        for (var b = 0u; b < NB; b++) {
-            let xb = p.off_x + b * p.k + e;
-            let x0 = vec4<f32>(f32(xs[xb]), f32(xs[xb + ts]), f32(xs[xb + 2u * ts]), f32(xs[xb + 3u * ts]));
-            acc[b] = fma(w0, x0, acc[b]);
-        }
+        add4(vec4<f32>(wval(wrow + e), wval(wrow + e + ts), wval(wrow + e + 2u * ts), wval(wrow + e + 3u * ts)), e, ts);
     }
     for (; e < p.k; e += ts) {
-        let w0 = wval(wrow + e);
-        for (var b = 0u; b < NB; b++) {
-            acc[b].x = fma(w0, f32(xs[p.off_x + b * p.k + e]), acc[b].x);
-        }
+        add1(wval(wrow + e), e);
     }
 #endif
-    return acc;
 }
 
 fn write(row: u32, b: u32, s: f32) {
@@ -139,6 +222,19 @@ fn write(row: u32, b: u32, s: f32) {
 #endif
     out[p.off_out + b * p.ldo + p.row0 + row] = {{TO}}(v);
 }
+
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+#if SG
+fn reduce_write(row: u32, lane: u32, b: u32, v: vec4<f32>) {
+    let s = subgroupAdd(hsum(v));
+    if lane == 0u {
+        write(row, b, s);
+    }
+}
+#endif
 
 @compute @workgroup_size(WG)
 fn matvec(
@@ -160,24 +256,58 @@ fn matvec(
         if row >= p.rows {
             break;
         }
-        let acc = partial(row, lane, sgs);
-        for (var b = 0u; b < NB; b++) {
-            let s = subgroupAdd(dot(acc[b], vec4<f32>(1.0)));
-            if lane == 0u {
-                write(row, b, s);
-            }
+        partial(row, lane, sgs);
+        reduce_write(row, lane, 0u, acc.a0);
+        if NB > 1u {
+            reduce_write(row, lane, 1u, acc.a1);
+        }
+        if NB > 2u {
+            reduce_write(row, lane, 2u, acc.a2);
+        }
+        if NB > 3u {
+            reduce_write(row, lane, 3u, acc.a3);
+        }
+        if NB > 4u {
+            reduce_write(row, lane, 4u, acc.a4);
+        }
+        if NB > 5u {
+            reduce_write(row, lane, 5u, acc.a5);
+        }
+        if NB > 6u {
+            reduce_write(row, lane, 6u, acc.a6);
+        }
+        if NB > 7u {
+            reduce_write(row, lane, 7u, acc.a7);
         }
     }
 #else
     let team = lid / TS;
     let lane = lid % TS;
     let row = first + team;
-    var acc: array<vec4<f32>, NB>;
     if row < p.rows {
-        acc = partial(row, lane, TS);
+        partial(row, lane, TS);
     }
-    for (var b = 0u; b < NB; b++) {
-        red[b * WG + lid] = dot(acc[b], vec4<f32>(1.0));
+    red[lid] = hsum(acc.a0);
+    if NB > 1u {
+        red[WG + lid] = hsum(acc.a1);
+    }
+    if NB > 2u {
+        red[2u * WG + lid] = hsum(acc.a2);
+    }
+    if NB > 3u {
+        red[3u * WG + lid] = hsum(acc.a3);
+    }
+    if NB > 4u {
+        red[4u * WG + lid] = hsum(acc.a4);
+    }
+    if NB > 5u {
+        red[5u * WG + lid] = hsum(acc.a5);
+    }
+    if NB > 6u {
+        red[6u * WG + lid] = hsum(acc.a6);
+    }
+    if NB > 7u {
+        red[7u * WG + lid] = hsum(acc.a7);
     }
     workgroupBarrier();
     for (var s = TS / 2u; s > 0u; s /= 2u) {

@@ -12,7 +12,7 @@
 //   GAMMA, BETA              layernorm's optional affine parameters are bound
 //   VEC4     every tensor bound as vec4 arrays (n % 4 == 0 and all base offsets % 4 == 0)
 //   ACC_X, ACC_R             "read", or "read_write" for an input that shares a buffer with an output
-//   SGROW, SG, WG, RPW       row mapping, as in softmax.wgsl
+//   SGROW, SG, WG, RPW, CACHE, PER   row mapping, as in softmax.wgsl
 //   ROWNORM                  the three row norms above (entry `norm`)
 //
 // GroupNorm over x [N, C, H*W] with G groups: group (n, g) is one contiguous segment of
@@ -73,29 +73,33 @@ struct Params {
 #endif
 
 const WG: u32 = {{WG}}u;
+const PER: u32 = {{PER}}u;
 
+// Sums of pairs (LayerNorm's second pass reduces two sums at once); red_sum is its first half.
 #if SGROW
 const RPW: u32 = {{RPW}}u;
-fn red_sum(v: f32) -> f32 { return subgroupAdd(v); }
+fn red_sum2(v: vec2<f32>) -> vec2<f32> { return subgroupAdd(v); }
 #else
-var<workgroup> red: array<f32, WG>;
+var<workgroup> red: array<vec2<f32>, WG>;
 var<private> t_lid: u32;
 #if SG
 var<private> t_lane: u32;
 var<private> t_sg: u32;
 var<private> t_nsg: u32;
+var<private> t_sgsize: u32;
 // Subgroup sums folded through workgroup memory by subgroup_id (no invocation mapping assumed).
-fn red_sum(v: f32) -> f32 {
+fn red_sum2(v: vec2<f32>) -> vec2<f32> {
     let s = subgroupAdd(v);
     workgroupBarrier();
     if t_lane == 0u { red[t_sg] = s; }
     workgroupBarrier();
-    var t = 0.0;
-    for (var i = 0u; i < t_nsg; i++) { t += red[i]; }
-    return t;
+    // Each subgroup folds the per-subgroup sums: a lane per sum, then a second subgroup sum.
+    var t = vec2<f32>(0.0);
+    for (var i = t_lane; i < t_nsg; i += t_sgsize) { t += red[i]; }
+    return subgroupAdd(t);
 }
 #else
-fn red_sum(v: f32) -> f32 {
+fn red_sum2(v: vec2<f32>) -> vec2<f32> {
     workgroupBarrier();
     red[t_lid] = v;
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
@@ -107,47 +111,91 @@ fn red_sum(v: f32) -> f32 {
 }
 #endif
 #endif
+fn red_sum(v: f32) -> f32 { return red_sum2(vec2<f32>(v, 0.0)).x; }
 
 // One row over `lanes` threads; `live` is false for the padding workgroups of a 2-D grid, which still
-// take part in the reductions' barriers.
+// take part in the reductions' barriers. With CACHE the row is held in registers (PER vectors per
+// thread, loads issued up front) and read once; otherwise it is streamed again after each reduction.
 fn norm_row(row: u32, lane: u32, lanes: u32, live: bool) {
     let nv = select(0u, p.n / VW, live);
     let inv_n = 1.0 / f32(p.n);
     let rb = row * (p.n / VW);
+#if CACHE
+    var buf: array<V, PER>;
+#endif
 #if KIND_RMS
     let xb = p.off_a / VW + rb;
+    let ob = p.off_c / VW + rb;
     var ss = 0.0;
+#if CACHE
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        buf[i] = V(0.0);
+        if v < nv {
+            buf[i] = V(x[xb + v]);
+        }
+        ss += vdot(buf[i], buf[i]);
+    }
+    let rs = inverseSqrt(red_sum(ss) * inv_n + p.eps);
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        if v < nv {
+            out[ob + v] = {{VO}}(buf[i] * rs * V(w[p.off_b / VW + v]));
+        }
+    }
+#else
     for (var v = lane; v < nv; v += lanes) {
         let a = V(x[xb + v]);
         ss += vdot(a, a);
     }
     let rs = inverseSqrt(red_sum(ss) * inv_n + p.eps);
-    let ob = p.off_c / VW + rb;
     for (var v = lane; v < nv; v += lanes) {
         out[ob + v] = {{VO}}(V(x[xb + v]) * rs * V(w[p.off_b / VW + v]));
     }
+#endif
 #endif
 #if KIND_ADD
     let xb = p.off_a / VW + rb;
     let rsb = p.off_b / VW + rb;
     let sb = p.off_d / VW + rb;
+    let ob = p.off_e / VW + rb;
     var ss = 0.0;
+    // The norm is of the sum as stored, so it matches a separate add then rmsnorm.
+#if CACHE
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        buf[i] = V(0.0);
+        if v < nv {
+            let s = {{VS}}(V(x[xb + v]) + V(res[rsb + v]));
+            sum[sb + v] = s;
+            buf[i] = V(s);
+        }
+        ss += vdot(buf[i], buf[i]);
+    }
+    let rs = inverseSqrt(red_sum(ss) * inv_n + p.eps);
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        if v < nv {
+            out[ob + v] = {{VO}}(buf[i] * rs * V(w[p.off_c / VW + v]));
+        }
+    }
+#else
     for (var v = lane; v < nv; v += lanes) {
-        // The norm is of the sum as stored, so it matches a separate add then rmsnorm.
         let s = {{VS}}(V(x[xb + v]) + V(res[rsb + v]));
         sum[sb + v] = s;
         let a = V(s);
         ss += vdot(a, a);
     }
     let rs = inverseSqrt(red_sum(ss) * inv_n + p.eps);
-    let ob = p.off_e / VW + rb;
     for (var v = lane; v < nv; v += lanes) {
         // Each thread re-reads only what it wrote itself above.
         out[ob + v] = {{VO}}(V(sum[sb + v]) * rs * V(w[p.off_c / VW + v]));
     }
 #endif
+#endif
 #if KIND_LN
     let xb = p.off_a / VW + rb;
+    let ob = p.off_b / VW + rb;
     // Sums are of x - k, k the row's first value: a large common offset (activations with a big DC
     // component) then costs no precision, and the mean is kept as k + dm, never rounded as one f32.
     var k = 0.0;
@@ -159,19 +207,51 @@ fn norm_row(row: u32, lane: u32, lanes: u32, live: bool) {
 #endif
     }
     var s1 = 0.0;
+#if CACHE
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        buf[i] = V(0.0);
+        if v < nv {
+            buf[i] = V(x[xb + v]) - k;
+        }
+        s1 += hsum(buf[i]);
+    }
+#else
     for (var v = lane; v < nv; v += lanes) {
         s1 += hsum(V(x[xb + v]) - k);
     }
+#endif
     let dm = red_sum(s1) * inv_n;
-    var s2 = 0.0;
+    // Centred sums, plus the sum of the centred values: its mean corrects dm for the rounding of
+    // the first pass (the corrected two-pass algorithm).
+    var s2 = vec2<f32>(0.0);
+#if CACHE
+    for (var i = 0u; i < PER; i++) {
+        if lane + i * lanes < nv {
+            let d = buf[i] - dm;
+            s2 += vec2<f32>(hsum(d), vdot(d, d));
+        }
+    }
+#else
     for (var v = lane; v < nv; v += lanes) {
         let d = (V(x[xb + v]) - k) - dm;
-        s2 += vdot(d, d);
+        s2 += vec2<f32>(hsum(d), vdot(d, d));
     }
-    let rs = inverseSqrt(red_sum(s2) * inv_n + p.eps);
-    let ob = p.off_b / VW + rb;
+#endif
+    let t2 = red_sum2(s2) * inv_n;
+    let rs = inverseSqrt(max(t2.y - t2.x * t2.x, 0.0) + p.eps);
+    let dm2 = dm + t2.x;
+#if CACHE
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        if v >= nv {
+            break;
+        }
+        var o = (buf[i] - dm2) * rs;
+#else
     for (var v = lane; v < nv; v += lanes) {
-        var o = ((V(x[xb + v]) - k) - dm) * rs;
+        var o = ((V(x[xb + v]) - k) - dm2) * rs;
+#endif
 #if GAMMA
         o *= V(w[p.off_c / VW + v]);
 #endif
@@ -209,6 +289,7 @@ fn norm(
     t_lane = sg_lane;
     t_sg = sg_id;
     t_nsg = n_sg;
+    t_sgsize = sg_size;
 #endif
     norm_row(wg, lid, WG, wg < p.rows);
 #endif
@@ -287,19 +368,27 @@ fn gn_stats(
     let end = select(0u, min(p.seg_v, start + p.chunk_v), live);
     let base = p.off_x / VW + seg * p.seg_v;
     var st = vec3<f32>(0.0);
-    for (var v = start + lid; v < end; v += WG) {
+    var v = start + lid;
+    // Four loads in flight per step; their 4 * VW values are folded in as one batch (its own mean
+    // and M2, then one Chan merge: one division per batch).
+    for (; v + 3u * WG < end; v += 4u * WG) {
+        let a0 = V(x[base + v]);
+        let a1 = V(x[base + v + WG]);
+        let a2 = V(x[base + v + 2u * WG]);
+        let a3 = V(x[base + v + 3u * WG]);
+        let bm = (hsum(a0) + hsum(a1) + hsum(a2) + hsum(a3)) * (0.25 / f32(VW));
+        let d0 = a0 - bm;
+        let d1 = a1 - bm;
+        let d2 = a2 - bm;
+        let d3 = a3 - bm;
+        let q = (vdot(d0, d0) + vdot(d1, d1)) + (vdot(d2, d2) + vdot(d3, d3));
+        st = merge(st, vec3<f32>(4.0 * f32(VW), bm, q));
+    }
+    for (; v < end; v += WG) {
         let a = V(x[base + v]);
-#if VEC4
-        // Fold the vector's own (4, mean, M2) into the running one: one division per 4 values.
-        let bm = hsum(a) * 0.25;
-        let d4 = a - bm;
-        st = merge(st, vec3<f32>(4.0, bm, dot(d4, d4)));
-#else
-        st.x += 1.0;
-        let d = a - st.y;
-        st.y += d / st.x;
-        st.z += d * (a - st.y);
-#endif
+        let bm = hsum(a) / f32(VW);
+        let d = a - bm;
+        st = merge(st, vec3<f32>(f32(VW), bm, vdot(d, d)));
     }
     let t = merge_all(lid, st);
     if lid == 0u && live {
@@ -309,6 +398,14 @@ fn gn_stats(
 #endif
 
 #if GN_APPLY
+fn gn_out(a: V, c: u32, mean: f32, rs: f32) -> V {
+    var o = (a - mean) * (rs * f32(gm[p.off_g + c])) + f32(bt[p.off_b + c]);
+#if SILU
+    o = o / (1.0 + exp(-o));
+#endif
+    return o;
+}
+
 @compute @workgroup_size(WG)
 fn gn_apply(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -331,13 +428,22 @@ fn gn_apply(
     let base = p.off_x / VW + seg * p.seg_v;
     let obase = p.off_out / VW + seg * p.seg_v;
     let c0 = (seg % p.groups) * p.cpg;
-    for (var v = start + lid; v < end; v += WG) {
-        let c = c0 + v / p.hw_v;
-        var o = (V(x[base + v]) - mean) * (rs * f32(gm[p.off_g + c])) + f32(bt[p.off_b + c]);
-#if SILU
-        o = o / (1.0 + exp(-o));
-#endif
-        out[obase + v] = {{VO}}(o);
+    // Four loads issued before any store (an apply workgroup covers exactly 4 vectors per thread).
+    var v = start + lid;
+    for (; v + 3u * WG < end; v += 4u * WG) {
+        let a = array<V, 4>(
+            V(x[base + v]),
+            V(x[base + v + WG]),
+            V(x[base + v + 2u * WG]),
+            V(x[base + v + 3u * WG]),
+        );
+        for (var k = 0u; k < 4u; k++) {
+            let e = v + k * WG;
+            out[obase + e] = {{VO}}(gn_out(a[k], c0 + e / p.hw_v, mean, rs));
+        }
+    }
+    for (; v < end; v += WG) {
+        out[obase + v] = {{VO}}(gn_out(V(x[base + v]), c0 + v / p.hw_v, mean, rs));
     }
 }
 #endif

@@ -17,6 +17,8 @@
 //   FACTORS        freq_factors bound (llama3 scaling: inv_freq[k] / factors[k])
 //   ACC_X, ACC_POS "read", or "read_write" for an input that shares a buffer with out
 //   HPT            heads per thread (the angle is computed once for them)
+//   VEC4           x and out bound as vec4 arrays; a slot is one vec4 (2 pairs, interleaved) or one
+//                  vec4 from each half (4 pairs, half-split); else a slot is one pair of scalars
 #if F16
 enable f16;
 #endif
@@ -24,15 +26,24 @@ enable f16;
 struct Params {
     off_x: u32, off_pos: u32, off_tab: u32, off_out: u32, off_ff: u32, o5: u32, o6: u32, o7: u32,
     tokens: u32, heads: u32, head_dim: u32, half_rot: u32,
-    pairs: u32,    // pair slots per (token, head chunk): half_rot in place, head_dim / 2 otherwise
+    pairs: u32,    // slots per (token, head chunk): rotated ones first, then copied ones
     chunks: u32,   // head chunks of HPT
+    rot_slots: u32,  // VEC4: slots that rotate (rotary_dim / 4 interleaved, / 8 half-split)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#if VEC4
+@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<vec4<{{TX}}>>;
+#else
 @group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{TX}}>;
+#endif
 @group(0) @binding(2) var<storage, {{ACC_POS}}> pos: array<u32>;
 @group(0) @binding(3) var<storage, read> tab: array<vec2<f32>>;
+#if VEC4
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<{{TO}}>>;
+#else
 @group(0) @binding(4) var<storage, read_write> out: array<{{TO}}>;
+#endif
 #if FACTORS
 @group(0) @binding(5) var<storage, read> ff: array<f32>;
 #endif
@@ -110,6 +121,50 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let token = rest / p.chunks;
     let h0 = chunk * HPT;
     let h1 = min(h0 + HPT, p.heads);
+#if VEC4
+    let hd = p.head_dim / 4u;
+    let row0 = token * p.heads * hd;
+    let xo = p.off_x / 4u;
+    let oo = p.off_out / 4u;
+    if k < p.rot_slots {
+        let ps = pos[p.off_pos + token];
+#if INTERLEAVED
+        // Vector k holds pairs 2k and 2k + 1: (x0, x1) and (x2, x3).
+        let c0 = angle(ps, 2u * k);
+        let c1 = angle(ps, 2u * k + 1u);
+        let cv = vec4<f32>(c0.x, c0.x, c1.x, c1.x);
+        let sv = vec4<f32>(-c0.y, c0.y, -c1.y, c1.y);
+        for (var h = h0; h < h1; h++) {
+            let e = row0 + h * hd + k;
+            let a = vec4<f32>(x[xo + e]);
+            out[oo + e] = vec4<{{TO}}>(a * cv + a.yxwz * sv);
+        }
+#else
+        // Pairs 4k..4k+3: vector k of the first half with vector k of the second.
+        let c0 = angle(ps, 4u * k);
+        let c1 = angle(ps, 4u * k + 1u);
+        let c2 = angle(ps, 4u * k + 2u);
+        let c3 = angle(ps, 4u * k + 3u);
+        let cv = vec4<f32>(c0.x, c1.x, c2.x, c3.x);
+        let sv = vec4<f32>(c0.y, c1.y, c2.y, c3.y);
+        let half_v = p.half_rot / 4u;
+        for (var h = h0; h < h1; h++) {
+            let e = row0 + h * hd + k;
+            let a = vec4<f32>(x[xo + e]);
+            let b = vec4<f32>(x[xo + e + half_v]);
+            out[oo + e] = vec4<{{TO}}>(a * cv - b * sv);
+            out[oo + e + half_v] = vec4<{{TO}}>(a * sv + b * cv);
+        }
+#endif
+    } else {
+        // Past rotary_dim: copied vector by vector.
+        let d = p.half_rot / 2u + (k - p.rot_slots);
+        for (var h = h0; h < h1; h++) {
+            let e = row0 + h * hd + d;
+            out[oo + e] = vec4<{{TO}}>(x[xo + e]);
+        }
+    }
+#else
     let row0 = (token * p.heads) * p.head_dim;
     if k < p.half_rot {
 #if INTERLEAVED
@@ -135,4 +190,5 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             out[p.off_out + e + 1u] = {{TO}}(x[p.off_x + e + 1u]);
         }
     }
+#endif
 }

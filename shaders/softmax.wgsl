@@ -12,6 +12,7 @@
 //   SG       subgroup builtins available; without SGROW: one workgroup per row, subgroup reductions
 //            merged through workgroup memory. Neither: one workgroup per row, workgroup-memory tree.
 //   WG, RPW  workgroup size (a power of two), rows per workgroup (SGROW only)
+//   CACHE, PER  hold the row in registers, PER vectors per thread (else stream it twice)
 #if F16
 enable f16;
 #endif
@@ -45,6 +46,7 @@ fn below(v: u32, limit: u32) -> bool { return v < limit; }
 #endif
 
 const WG: u32 = {{WG}}u;
+const PER: u32 = {{PER}}u;
 // Stands in for -inf (WGSL has no infinity literal); exp(NEG - m) is 0 for any finite m.
 const NEG: f32 = -3.0e38;
 
@@ -59,17 +61,18 @@ var<private> t_lid: u32;
 var<private> t_lane: u32;
 var<private> t_sg: u32;
 var<private> t_nsg: u32;
-// Subgroup reduction, then every thread folds the per-subgroup results (at most WG of them; 8 on a
-// 256-thread workgroup of 32-wide subgroups). subgroup_id is used rather than lid / size, so no
-// mapping of invocations to subgroups is assumed.
+var<private> t_sgsize: u32;
+// Subgroup reduction, then each subgroup folds the per-subgroup results (a lane per result, one
+// read each when there are at most as many subgroups as lanes) with a second subgroup reduction.
+// subgroup_id is used rather than lid / size, so no mapping of invocations to subgroups is assumed.
 fn red_max(v: f32) -> f32 {
     let s = subgroupMax(v);
     workgroupBarrier();
     if t_lane == 0u { red[t_sg] = s; }
     workgroupBarrier();
-    var t = red[0];
-    for (var i = 1u; i < t_nsg; i++) { t = max(t, red[i]); }
-    return t;
+    var t = NEG;
+    for (var i = t_lane; i < t_nsg; i += t_sgsize) { t = max(t, red[i]); }
+    return subgroupMax(t);
 }
 fn red_sum(v: f32) -> f32 {
     let s = subgroupAdd(v);
@@ -77,8 +80,8 @@ fn red_sum(v: f32) -> f32 {
     if t_lane == 0u { red[t_sg] = s; }
     workgroupBarrier();
     var t = 0.0;
-    for (var i = 0u; i < t_nsg; i++) { t += red[i]; }
-    return t;
+    for (var i = t_lane; i < t_nsg; i += t_sgsize) { t += red[i]; }
+    return subgroupAdd(t);
 }
 #else
 fn red_max(v: f32) -> f32 {
@@ -116,6 +119,39 @@ fn softmax_row(row: u32, lane: u32, lanes: u32, live: bool) {
     // Vectors that hold at least one unmasked value; the rest are written as zeros without a read.
     let nvv = select(0u, (valid + VW - 1u) / VW, live);
     let xb = p.off_x / VW + row * nv;
+    let ob = p.off_out / VW + row * nv;
+#if CACHE
+    // The row is held in registers (PER vectors per thread, all loads issued up front): one read.
+    var buf: array<V, PER>;
+    var m = NEG;
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        var y = V(NEG);
+        if v < nvv {
+            y = select(V(NEG), V(x[xb + v]) * p.scale, below(v, valid));
+        }
+        buf[i] = y;
+        m = max(m, hmax(y));
+    }
+    let mx = red_max(m);
+    var s = 0.0;
+    for (var i = 0u; i < PER; i++) {
+        // Masked and missing values hold NEG: exp gives 0.
+        buf[i] = exp(buf[i] - mx);
+        s += hsum(buf[i]);
+    }
+    let inv = 1.0 / red_sum(s);
+    if !live {
+        return;
+    }
+    for (var i = 0u; i < PER; i++) {
+        let v = lane + i * lanes;
+        if v < nv {
+            out[ob + v] = VO(buf[i] * inv);
+        }
+    }
+#else
+    // Rows too long for registers: an online (max, sum) pass, then a second read to write.
     var m = NEG;
     var s = 0.0;
     for (var v = lane; v < nvv; v += lanes) {
@@ -131,7 +167,6 @@ fn softmax_row(row: u32, lane: u32, lanes: u32, live: bool) {
         return;
     }
     let inv = 1.0 / total;
-    let ob = p.off_out / VW + row * nv;
     for (var v = lane; v < nv; v += lanes) {
         var o = V(0.0);
         if v < nvv {
@@ -139,6 +174,7 @@ fn softmax_row(row: u32, lane: u32, lanes: u32, live: bool) {
         }
         out[ob + v] = VO(o);
     }
+#endif
 }
 
 @compute @workgroup_size(WG)
@@ -168,6 +204,7 @@ fn softmax(
     t_lane = sg_lane;
     t_sg = sg_id;
     t_nsg = n_sg;
+    t_sgsize = sg_size;
 #endif
     softmax_row(wg, lid, WG, wg < p.rows);
 #endif

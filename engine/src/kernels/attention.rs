@@ -36,9 +36,6 @@ const DECODE_TARGET_GROUPS: usize = 512;
 /// Most splits of the KV sequence in the decode variant (bounds the reduce's work and the scratch).
 const MAX_SPLITS: usize = 256;
 
-/// Prefill workgroups below which smaller query tiles are preferred (to fill the GPU).
-const PREFILL_TARGET_GROUPS: usize = 256;
-
 /// Which kernel runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionVariant {
@@ -64,6 +61,9 @@ pub struct AttentionOptions {
     pub subgroups: Option<bool>,
     /// Decode: number of KV splits (default: enough workgroups to fill a large GPU).
     pub splits: Option<usize>,
+    /// Prefill: tile shape (default: the largest that fits the device, see [`prefill_tile`]); for
+    /// tuning and tests.
+    pub prefill_tile: Option<PrefillTile>,
 }
 
 impl AttentionOptions {
@@ -287,47 +287,31 @@ impl PrefillTile {
     }
 }
 
-/// The largest prefill tile that fits the device's workgroup memory for head dim `d`, shrunk while
-/// `rows` query rows in `heads` (batch x KV heads) would give too few workgroups.
-pub fn prefill_tile(
-    gpu: &Gpu,
-    d: usize,
-    rows: usize,
-    heads: usize,
-    subgroups: bool,
-) -> Result<PrefillTile> {
+/// The preferred prefill tile that fits the device's workgroup memory for head dim `d`.
+pub fn prefill_tile(gpu: &Gpu, d: usize, subgroups: bool) -> Result<PrefillTile> {
     let limit = gpu.caps.max_workgroup_storage as usize;
     let threads = gpu.caps.max_invocations_per_workgroup as usize;
-    let candidates = [
+    // Preference order (measured on an H200): many query rows per tile first (K/V reuse), then
+    // fewer keys per lane (registers).
+    [
         (16, 4),
         (16, 2),
-        (8, 4),
+        (16, 1),
         (8, 2),
-        (4, 4),
+        (8, 1),
         (4, 2),
-        (2, 2),
-        (1, 2),
+        (4, 1),
+        (2, 1),
+        (1, 1),
     ]
-    .map(|(ny, tk)| PrefillTile { ny, tk });
-    let fits: Vec<PrefillTile> = candidates
-        .into_iter()
-        .filter(|t| t.shared_bytes(d, subgroups) <= limit && t.threads() <= threads)
-        .collect();
-    let Some(&first) = fits.first() else {
-        return Err(DriftError::Unsupported(format!(
+    .map(|(ny, tk)| PrefillTile { ny, tk })
+    .into_iter()
+    .find(|t| t.shared_bytes(d, subgroups) <= limit && t.threads() <= threads)
+    .ok_or_else(|| {
+        DriftError::Unsupported(format!(
             "attention: head dim {d} needs more workgroup memory than the device's {limit} bytes"
-        )));
-    };
-    // Small problems: trade query-tile size (K/V reuse) for workgroups, down to 16 query rows.
-    let groups = |t: &PrefillTile| heads * rows.div_ceil(t.query_rows());
-    let mut pick = first;
-    for t in fits.iter().filter(|t| t.tk == first.tk && t.ny >= 4) {
-        pick = *t;
-        if groups(t) >= PREFILL_TARGET_GROUPS {
-            break;
-        }
-    }
-    Ok(pick)
+        ))
+    })
 }
 
 /// Whether the prefill kernel can use subgroup shuffles with `threads` invocations per workgroup:
@@ -356,7 +340,7 @@ fn prefill(
     let rows = dims.rows();
     // The tile decides the workgroup size, which decides whether subgroups are usable.
     let sg_wanted = opts.subgroups != Some(false);
-    let mut tile = prefill_tile(gpu, dims.d, rows, heads, sg_wanted)?;
+    let mut tile = prefill_tile(gpu, dims.d, sg_wanted)?;
     let sg = sg_wanted && subgroups_usable(gpu, tile.threads());
     if opts.subgroups == Some(true) && !sg {
         return Err(DriftError::Unsupported(format!(
@@ -369,11 +353,24 @@ fn prefill(
     }
     if sg_wanted && !sg {
         // The workgroup-memory reduction needs a little more memory: the tile may shrink.
-        tile = prefill_tile(gpu, dims.d, rows, heads, false)?;
+        tile = prefill_tile(gpu, dims.d, false)?;
+    }
+    if let Some(t) = opts.prefill_tile {
+        let ok = [1, 2, 4, 8, 16, 32].contains(&t.ny)
+            && (1..=8).contains(&t.tk)
+            && t.threads() <= gpu.caps.max_invocations_per_workgroup as usize
+            && t.shared_bytes(dims.d, sg) <= gpu.caps.max_workgroup_storage as usize
+            && (!sg || subgroups_usable(gpu, t.threads()));
+        if !ok {
+            return Err(DriftError::Unsupported(format!(
+                "attention: prefill tile {t:?} does not fit this device for head dim {}",
+                dims.d
+            )));
+        }
+        tile = t;
     }
     let d = dims.d;
     let vw4 = d.is_multiple_of(32);
-    let nc = if vw4 { d / 32 } else { d / 8 };
     let tiles = rows.div_ceil(tile.query_rows());
     let groups = heads * tiles;
     let name = format!(
@@ -391,10 +388,10 @@ fn prefill(
         .define("TK", tile.tk)
         .define("NT", tile.threads())
         .define("VW4", flag(vw4))
-        .define("NC", nc)
         .define("G", dims.g)
         .define("CAUSAL", flag(opts.causal))
-        .define("SG", flag(sg));
+        .define("SG", flag(sg))
+        .defines(prefill_bodies(&tile, d));
     let kernel = gpu.kernel(&spec)?;
     let params = [
         rows as u32,
@@ -474,11 +471,20 @@ fn decode(
             "attention: decode needs 128 invocations per workgroup".into(),
         ));
     }
-    // Mirrors the shader's lane layout: NG lane groups of D/4 lanes; key groups when rows are few.
-    let ng = 128 / (d / 4);
-    let rg = rows.min(ng);
-    let ksplit = ng / rg > 1;
+    let ksplit = DecodeLanes::new(d, rows).kg > 1;
     let t = decode_keys(gpu, d, rows, ksplit)?;
+    // Subgroup pre-reduction of each row's tile max: subgroups must tile the tile's keys.
+    let c = &gpu.caps;
+    let sg_ok = c.subgroup
+        && c.subgroup_max_size.is_power_of_two()
+        && (c.subgroup_max_size as usize) <= t
+        && t.is_multiple_of(c.subgroup_max_size as usize);
+    if opts.subgroups == Some(true) && !sg_ok {
+        return Err(DriftError::Unsupported(format!(
+            "attention: decode subgroup reductions need subgroups of at most {t} lanes"
+        )));
+    }
+    let sg = sg_ok && opts.subgroups != Some(false);
     let heads = dims.b * dims.hkv;
     let splits = opts
         .splits
@@ -510,8 +516,9 @@ fn decode(
     };
     let split_spec = common(KernelSpec::new(
         format!(
-            "attention_decode_d{d}_r{rows}_{tag}{}",
-            if opts.causal { "_causal" } else { "" }
+            "attention_decode_d{d}_r{rows}_{tag}{}{}",
+            if opts.causal { "_causal" } else { "" },
+            if sg { "_sg" } else { "" }
         ),
         shader!("attention_decode.wgsl"),
         "split",
@@ -519,14 +526,17 @@ fn decode(
     .define("REDUCE", "0")
     .define("OV", "0")
     .define("KS", padded_stride(d))
-    .define("KSPLIT", flag(ksplit));
+    .define("KSPLIT", flag(ksplit))
+    .define("SG", flag(sg))
+    .defines(decode_bodies(d, t, rows));
     let reduce_spec = common(KernelSpec::new(
         format!("attention_decode_merge_d{d}_{tag}"),
         shader!("attention_decode.wgsl"),
         "reduce",
     ))
     .define("REDUCE", "1")
-    .define("OV", flag(vec4_ok(out)));
+    .define("OV", flag(vec4_ok(out)))
+    .define("MAX_SPLITS", MAX_SPLITS);
     let split_kernel = gpu.kernel(&split_spec)?;
     let reduce_kernel = gpu.kernel(&reduce_spec)?;
 
@@ -567,6 +577,272 @@ fn decode(
         },
     )?;
     Ok(vec![split_dispatch, reduce_dispatch])
+}
+
+/// `n` generated statements, one per line, indented for the shader.
+fn unrolled(n: usize, f: impl Fn(usize) -> String) -> String {
+    (0..n)
+        .map(|i| format!("            {}\n", f(i)))
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+/// The unrolled blocks of `shaders/attention.wgsl` (see its header): every private-array index in
+/// them is a constant.
+fn prefill_bodies(tile: &PrefillTile, d: usize) -> Vec<(&'static str, String)> {
+    let (nt, tk) = (tile.threads(), tile.tk);
+    let vw4 = d.is_multiple_of(32);
+    let elems = tile.keys() * d / 4;
+    let loads = elems.div_ceil(nt);
+    // Guard the last load step when the tile is not a whole number of steps.
+    let guarded = |i: usize, body: String| {
+        if (i + 1) * nt <= elems {
+            format!("{{ let e = lid + {}u; {body} }}", i * nt)
+        } else {
+            format!(
+                "{{ let e = lid + {}u; if e < BKV * DC {{ {body} }} }}",
+                i * nt
+            )
+        }
+    };
+    // Loads are unconditional (a key past the end reads the last valid row, then is zeroed) so that
+    // all of them are in flight together; a branch around each would serialise their latencies.
+    let prefetch = unrolled(loads, |i| {
+        guarded(
+            i,
+            format!(
+                "let key = k0n + e / DC; let o = kv_base + min(key, kv_len - 1u) * p.hkv * D + (e % DC) * 4u; \
+                 kr[{i}] = select(vec4<f32>(0.0), load_k(p.off_k + o), key < kv_len); \
+                 vr[{i}] = select(vec4<f32>(0.0), load_v(p.off_v + o), key < kv_len);"
+            ),
+        )
+    });
+    let stage = unrolled(loads, |i| {
+        let v = if vw4 {
+            format!("v_s[e] = vr[{i}];")
+        } else {
+            format!(
+                "v_s[4u * e] = vr[{i}].x; v_s[4u * e + 1u] = vr[{i}].y; \
+                 v_s[4u * e + 2u] = vr[{i}].z; v_s[4u * e + 3u] = vr[{i}].w;"
+            )
+        };
+        guarded(i, format!("k_s[(e / DC) * QS + e % DC] = kr[{i}]; {v}"))
+    });
+    // Fully unrolled over the head dim and the keys: the q_t / k_s offsets are literals.
+    let (ny, qs, dc) = (tile.ny, padded_stride(d), d / 4);
+    let s_body = unrolled(dc, |d4| {
+        let q: String = (0..4)
+            .map(|i| format!("let q{i} = q_t[{}u + ty]; ", (4 * d4 + i) * ny))
+            .collect();
+        let k: String = (0..tk)
+            .map(|j| {
+                format!(
+                    "let k{j} = k_s[ko + {}u]; s[{j}] = s[{j}] + q0 * k{j}.x + q1 * k{j}.y + q2 * k{j}.z + q3 * k{j}.w; ",
+                    8 * j * qs + d4
+                )
+            })
+            .collect();
+        format!("{{ {q}{k}}}")
+    });
+    let mask_body = unrolled(tk, |j| {
+        format!(
+            "s[{j}] = select(vec4<f32>(NEG), s[{j}], vec4<u32>(k0 + tx + {}u) < lim); mx = max(mx, s[{j}]);",
+            8 * j
+        )
+    });
+    let p_body = unrolled(tk, |j| {
+        format!(
+            "{{ let pj = select(vec4<f32>(0.0), exp(s[{j}] - m_new), s[{j}] > vec4<f32>(NEG_HALF)); \
+             sum += pj; p_s[(tx + {}u) * PS + ty] = pj; }}",
+            8 * j
+        )
+    });
+    // Accumulators: VW4: acc[4c + a] = row a, vec4 column tx + 8c; else acc[c] = rows, column tx + 8c.
+    let (nacc, rescale, o_body, store);
+    if vw4 {
+        let nc = d / 32;
+        nacc = 4 * nc;
+        rescale = unrolled(nacc, |i| format!("acc[{i}] *= alpha[{}];", i % 4));
+        o_body = unrolled(tile.keys(), |kk| {
+            let cols: String = (0..nc)
+                .map(|c| {
+                    let i = 4 * c;
+                    format!(
+                        " let v{c} = v_s[{}u + tx]; acc[{i}] += pp.x * v{c}; acc[{}] += pp.y * v{c}; \
+                         acc[{}] += pp.z * v{c}; acc[{}] += pp.w * v{c};",
+                        kk * dc + 8 * c,
+                        i + 1,
+                        i + 2,
+                        i + 3
+                    )
+                })
+                .collect();
+            format!("{{ let pp = p_s[{}u + ty];{cols} }}", kk * (ny + 1))
+        });
+        store = unrolled(4, |a| {
+            let cols: String = (0..nc)
+                .map(|c| {
+                    format!(
+                        " store_out4(o_row[{a}] + (tx + {}u) * 4u, acc[{}] * inv[{a}]);",
+                        8 * c,
+                        4 * c + a
+                    )
+                })
+                .collect();
+            format!("if rows[{a}] < p.rows {{{cols} }}")
+        });
+    } else {
+        nacc = d / 8;
+        rescale = unrolled(nacc, |c| format!("acc[{c}] *= alpha;"));
+        o_body = unrolled(tile.keys(), |kk| {
+            let cols: String = (0..nacc)
+                .map(|c| format!(" acc[{c}] += pp * v_s[{}u + tx];", kk * d + 8 * c))
+                .collect();
+            format!("{{ let pp = p_s[{}u + ty];{cols} }}", kk * (ny + 1))
+        });
+        store = unrolled(4, |a| {
+            let cols: String = (0..nacc)
+                .map(|c| {
+                    format!(
+                        " store_out1(o_row[{a}] + tx + {}u, acc[{c}][{a}] * inv[{a}]);",
+                        8 * c
+                    )
+                })
+                .collect();
+            format!("if rows[{a}] < p.rows {{{cols} }}")
+        });
+    }
+    vec![
+        ("LOADS", loads.to_string()),
+        ("NACC", nacc.to_string()),
+        ("PREFETCH", prefetch),
+        ("STAGE", stage),
+        ("S_BODY", s_body),
+        ("MASK_BODY", mask_body),
+        ("P_BODY", p_body),
+        ("RESCALE", rescale),
+        ("O_BODY", o_body),
+        ("STORE", store),
+    ]
+}
+
+/// Lane layout of the decode split kernel's output phase (mirrors `shaders/attention_decode.wgsl`):
+/// NG groups of D/4 lanes split into RG row groups of RPT rows and KG key groups.
+struct DecodeLanes {
+    rg: usize,
+    kg: usize,
+    rpt: usize,
+}
+
+impl DecodeLanes {
+    fn new(d: usize, rows: usize) -> DecodeLanes {
+        let ng = 128 / (d / 4);
+        let rg = rows.min(ng);
+        DecodeLanes {
+            rg,
+            kg: ng / rg,
+            rpt: rows.div_ceil(rg),
+        }
+    }
+}
+
+/// The unrolled blocks of `shaders/attention_decode.wgsl`'s split kernel.
+fn decode_bodies(d: usize, t: usize, rows: usize) -> Vec<(&'static str, String)> {
+    let dc = d / 4;
+    let lanes = DecodeLanes::new(d, rows);
+    let elems = t * dc;
+    let loads = elems.div_ceil(128);
+    let guarded = |i: usize, body: String| {
+        if (i + 1) * 128 <= elems {
+            format!("{{ let e = lid + {}u; {body} }}", i * 128)
+        } else {
+            format!(
+                "{{ let e = lid + {}u; if e < T * DC {{ {body} }} }}",
+                i * 128
+            )
+        }
+    };
+    let prefetch = unrolled(loads, |i| {
+        guarded(
+            i,
+            format!(
+                "let key = t0n + e / DC; let o = kv_base + min(key, j1 - 1u) * p.hkv * D + (e % DC) * 4u; \
+                 kr[{i}] = select(vec4<f32>(0.0), load_k(p.off1 + o), key < j1); \
+                 vr[{i}] = select(vec4<f32>(0.0), load_v(p.off2 + o), key < j1);"
+            ),
+        )
+    });
+    let stage = unrolled(loads, |i| {
+        guarded(
+            i,
+            format!("k_s[(e / DC) * KS + e % DC] = kr[{i}]; v_s[e] = vr[{i}];"),
+        )
+    });
+    // Four independent accumulators so the D/4 steps of a dot product overlap.
+    let dot = unrolled(dc, |c| {
+        format!("d{} += q_s[qo + {c}u] * k_s[ko + {c}u];", c % 4)
+    });
+    // Rows past R exist only when R is not a multiple of RG.
+    let row_guard = |i: usize, body: String| {
+        if rows.is_multiple_of(lanes.rg) {
+            format!("{{ let r = rg + {}u; {body} }}", lanes.rg * i)
+        } else {
+            format!(
+                "{{ let r = rg + {}u; if r < R {{ {body} }} }}",
+                lanes.rg * i
+            )
+        }
+    };
+    let alpha = unrolled(lanes.rpt, |i| {
+        row_guard(
+            i,
+            format!(
+                "let m_old = m_s[r]; let al = exp(m_old - max(m_old, unordered(atomicLoad(&mx_s[r])))); \
+                 acc[{i}] *= al; l[{i}] *= al;"
+            ),
+        )
+    });
+    // Keys kg + KG u of the tile, fully unrolled; V loaded once for all of the lane's rows.
+    let o_body = unrolled(t.div_ceil(lanes.kg), |u| {
+        let rows_code: String = (0..lanes.rpt)
+            .map(|i| {
+                row_guard(
+                    i,
+                    format!("let pk = p_s[r * T + kk]; acc[{i}] += pk * vv; l[{i}] += pk;"),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let body = format!("let vv = v_s[kk * DC + col]; {rows_code}");
+        if (u + 1) * lanes.kg <= t || t.is_multiple_of(lanes.kg) {
+            format!("{{ let kk = kg + {}u; {body} }}", lanes.kg * u)
+        } else {
+            format!(
+                "{{ let kk = kg + {}u; if kk < T {{ {body} }} }}",
+                lanes.kg * u
+            )
+        }
+    });
+    let write = unrolled(lanes.rpt, |i| {
+        format!(
+            "{{ let r = rg + {}u; if r < R {{ let idx = (bh * p.splits + sp) * R + r; \
+             part_o[idx * DC + col] = acc[{i}]; if col == 0u {{ part_ml[idx] = vec2<f32>(m_s[r], l[{i}]); }} }} }}",
+            lanes.rg * i
+        )
+    });
+    vec![
+        ("LOADS", loads.to_string()),
+        ("RG", lanes.rg.to_string()),
+        ("KG", lanes.kg.to_string()),
+        ("RPT", lanes.rpt.to_string()),
+        ("PREFETCH", prefetch),
+        ("STAGE", stage),
+        ("DOT_BODY", dot),
+        ("ALPHA_BODY", alpha),
+        ("O_BODY", o_body),
+        ("WRITE_BODY", write),
+    ]
 }
 
 #[cfg(test)]

@@ -9,21 +9,46 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::grid;
+use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Layout, Tensor};
 use crate::{shader, shape_err};
 
-/// Output tile per workgroup (pixels x channels).
+/// Output tile per workgroup and per thread: `P<pixels>C<channels per thread>`. Every tile is 64 output
+/// channels wide; `C4` uses 256 threads, `C8` 128 threads with twice the work each (more reuse of
+/// workgroup memory, fewer threads; so far slower on the H200, kept for tuning).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Conv2dVariant {
-    /// [`Conv2dVariant::Tile128`] when that still gives enough workgroups to fill a large GPU, else
-    /// [`Conv2dVariant::Tile64`].
+    /// Picked from the problem size (see [`conv2d_plan`]).
     Auto,
-    /// 64 pixels x 64 channels per workgroup, 4 x 4 per thread.
-    Tile64,
-    /// 128 pixels x 64 channels per workgroup, 8 x 4 per thread (more reuse, half the workgroups).
-    Tile128,
+    /// 64 pixels x 64 channels, 4 x 4 per thread.
+    P64C4,
+    /// 64 pixels x 64 channels, 4 x 8 per thread.
+    P64C8,
+    /// 128 pixels x 64 channels, 8 x 4 per thread.
+    P128C4,
+    /// 128 pixels x 64 channels, 8 x 8 per thread.
+    P128C8,
+}
+
+impl Conv2dVariant {
+    /// The explicit variants.
+    pub const ALL: [Conv2dVariant; 4] = [
+        Conv2dVariant::P64C4,
+        Conv2dVariant::P64C8,
+        Conv2dVariant::P128C4,
+        Conv2dVariant::P128C8,
+    ];
+
+    /// Pixels per workgroup tile and channels per thread.
+    fn shape(self) -> (usize, usize) {
+        match self {
+            Conv2dVariant::P64C4 | Conv2dVariant::Auto => (64, 4),
+            Conv2dVariant::P64C8 => (64, 8),
+            Conv2dVariant::P128C4 => (128, 4),
+            Conv2dVariant::P128C8 => (128, 8),
+        }
+    }
 }
 
 /// Geometry and fusions of [`conv2d`].
@@ -38,6 +63,10 @@ pub struct Conv2dOptions<'a> {
     /// Added to the output (same shape and dtype as it): the skip connection of a ResNet block.
     pub residual: Option<&'a Tensor>,
     pub variant: Conv2dVariant,
+    /// Split the reduction over this many workgroups per output tile (partial sums in an f32 scratch,
+    /// then a second dispatch adds them up). `None` picks it from the problem size; `Some(1)` never
+    /// splits.
+    pub split_k: Option<usize>,
 }
 
 impl Default for Conv2dOptions<'_> {
@@ -48,8 +77,58 @@ impl Default for Conv2dOptions<'_> {
             padding_end: None,
             residual: None,
             variant: Conv2dVariant::Auto,
+            split_k: None,
         }
     }
+}
+
+/// Workgroups a dispatch should have to keep a large GPU busy (an H200 has 132 SMs, each running
+/// several of these workgroups at once).
+const TARGET_WORKGROUPS: usize = 4 * 132;
+
+/// The tile variant and number of K splits [`conv2d`] uses for `m` output pixels, `o` output channels
+/// and reduction length `k`, given the requested variant and split.
+pub fn conv2d_plan(
+    m: usize,
+    o: usize,
+    k: usize,
+    variant: Conv2dVariant,
+    split_k: Option<usize>,
+) -> (Conv2dVariant, usize) {
+    let tiles_n = o.div_ceil(64);
+    let variant = match variant {
+        // Large images (the VAE's): the 128-pixel tile still gives plenty of workgroups and reuses
+        // more (22 against 20 TFLOP/s at 512x512 x 128 channels); at SD's 64x64 x 320 it is slower.
+        Conv2dVariant::Auto if m.div_ceil(128) * tiles_n >= TARGET_WORKGROUPS => {
+            Conv2dVariant::P128C4
+        }
+        Conv2dVariant::Auto => Conv2dVariant::P64C4,
+        v => v,
+    };
+    let tiles = m.div_ceil(variant.shape().0) * tiles_n;
+    // Small images with many channels (SD's 32x32, 16x16 and 8x8 blocks, the stride-2 downsamples)
+    // have too few output tiles to fill the GPU: split the long reduction until there are enough
+    // workgroups (a power of two, at most 16, at least 256 of K per split). Measured on the H200 (f16,
+    // TFLOP/s): 8x8 x 1280 channels 3.4 unsplit, 15.1 with 16 splits; 16x16 x 1280 10.5 -> 17.6 with 4;
+    // the stride-2 64x64 x 320 downsample 10 -> 16 with 4 (but 9 with 7 splits).
+    let split = split_k
+        .unwrap_or_else(|| {
+            if tiles >= TARGET_WORKGROUPS {
+                1
+            } else {
+                TARGET_WORKGROUPS
+                    .div_ceil(tiles)
+                    .next_power_of_two()
+                    .min(16)
+            }
+        })
+        .clamp(
+            1,
+            k.div_ceil(if split_k.is_some() { 16 } else { 256 }).max(1),
+        );
+    // Whole K steps per split, and no empty split.
+    let k_split = k.div_ceil(split).div_ceil(16) * 16;
+    (variant, k.div_ceil(k_split))
 }
 
 /// Output height and width of a convolution (`None` when the kernel does not fit the padded input).
@@ -76,15 +155,25 @@ pub fn conv2d_weight_layout(_gpu: &Gpu) -> Layout {
 
 /// Converts row-major OIHW weight bytes (`shape` = `[O, C, KH, KW]`, f32 or f16) to `layout`
 /// (row-major: unchanged; transposed: `[C*KH*KW, O]`).
-pub fn conv2d_weight_bytes(bytes: &[u8], shape: &[usize], dtype: DType, layout: Layout) -> Result<Vec<u8>> {
+pub fn conv2d_weight_bytes(
+    bytes: &[u8],
+    shape: &[usize],
+    dtype: DType,
+    layout: Layout,
+) -> Result<Vec<u8>> {
     if shape.len() != 4 || !matches!(dtype, DType::F32 | DType::F16) {
-        return Err(shape_err!("conv2d weight must be [O, C, KH, KW] f32/f16, got {shape:?} {dtype:?}"));
+        return Err(shape_err!(
+            "conv2d weight must be [O, C, KH, KW] f32/f16, got {shape:?} {dtype:?}"
+        ));
     }
     let eb = dtype.block_bytes();
     let o = shape[0];
     let k = shape[1] * shape[2] * shape[3];
     if bytes.len() != o * k * eb {
-        return Err(shape_err!("conv2d weight {shape:?} {dtype:?}: {} bytes given", bytes.len()));
+        return Err(shape_err!(
+            "conv2d weight {shape:?} {dtype:?}: {} bytes given",
+            bytes.len()
+        ));
     }
     match layout {
         Layout::RowMajor => Ok(bytes.to_vec()),
@@ -99,12 +188,20 @@ pub fn conv2d_weight_bytes(bytes: &[u8], shape: &[usize], dtype: DType, layout: 
             }
             Ok(t)
         }
-        other => Err(DriftError::Unsupported(format!("conv2d weights in {other:?} layout"))),
+        other => Err(DriftError::Unsupported(format!(
+            "conv2d weights in {other:?} layout"
+        ))),
     }
 }
 
 /// Uploads OIHW weight bytes in the layout [`conv2d_weight_layout`] prefers.
-pub fn conv2d_weight(gpu: &Gpu, label: &str, shape: &[usize], dtype: DType, oihw: &[u8]) -> Result<Tensor> {
+pub fn conv2d_weight(
+    gpu: &Gpu,
+    label: &str,
+    shape: &[usize],
+    dtype: DType,
+    oihw: &[u8],
+) -> Result<Tensor> {
     let layout = conv2d_weight_layout(gpu);
     let bytes = conv2d_weight_bytes(oihw, shape, dtype, layout)?;
     gpu.tensor_from_bytes(label, shape, dtype, layout, &bytes, Category::Weights)
@@ -112,14 +209,16 @@ pub fn conv2d_weight(gpu: &Gpu, label: &str, shape: &[usize], dtype: DType, oihw
 
 /// Whether a tensor's first element is 4-element aligned within its binding (vec4 access).
 fn vec4_aligned(t: &Tensor) -> bool {
-    t.storage.offset % (4 * t.elem_bytes()) == 0
+    t.storage.offset.is_multiple_of(4 * t.elem_bytes())
 }
 
 fn float(t: &Tensor, what: &str, gpu: &Gpu) -> Result<()> {
     match t.dtype {
         DType::F32 => Ok(()),
         DType::F16 if gpu.caps.f16 => Ok(()),
-        DType::F16 => Err(DriftError::Unsupported(format!("conv2d: {what} is f16 but the device has no f16"))),
+        DType::F16 => Err(DriftError::Unsupported(format!(
+            "conv2d: {what} is f16 but the device has no f16"
+        ))),
         d => Err(shape_err!("conv2d: {what} must be f32 or f16, got {d:?}")),
     }
 }
@@ -132,6 +231,7 @@ fn offset_expr(b: usize) -> String {
 /// `out = conv2d(x, w) + bias + residual`. `x` is `[N, C, H, W]`, `w` `[O, C, KH, KW]` (row-major or
 /// [`Layout::Transposed`]), `bias` `[O]`, `out` and the residual `[N, O, Ho, Wo]`. `x`, `out` and the
 /// residual share one float dtype; `w` and `bias` may be f16 or f32 independently. Accumulates in f32.
+/// One dispatch, or two with split-K (the builder then allocates its f32 scratch once).
 pub fn conv2d(
     gpu: &Gpu,
     x: &Tensor,
@@ -139,7 +239,7 @@ pub fn conv2d(
     bias: Option<&Tensor>,
     out: &Tensor,
     opts: &Conv2dOptions,
-) -> Result<Dispatch> {
+) -> Result<Vec<Dispatch>> {
     if x.rank() != 4 || w.rank() != 4 || out.rank() != 4 {
         return Err(shape_err!(
             "conv2d wants x [N, C, H, W], w [O, C, KH, KW], out [N, O, Ho, Wo]; got {:?}, {:?}, {:?}",
@@ -151,17 +251,28 @@ pub fn conv2d(
     let (n, c, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (o, kh, kw) = (w.shape[0], w.shape[2], w.shape[3]);
     if w.shape[1] != c {
-        return Err(shape_err!("conv2d: x {:?} has {c} channels, w {:?} wants {}", x.shape, w.shape, w.shape[1]));
+        return Err(shape_err!(
+            "conv2d: x {:?} has {c} channels, w {:?} wants {}",
+            x.shape,
+            w.shape,
+            w.shape[1]
+        ));
     }
-    let (ho, wo) = conv2d_output_size((h, wd), (kh, kw), opts.stride, opts.padding, opts.padding_end)
-        .ok_or_else(|| {
-            shape_err!(
-                "conv2d: kernel {kh}x{kw} stride {} padding {} does not fit input {:?}",
-                opts.stride,
-                opts.padding,
-                x.shape
-            )
-        })?;
+    let (ho, wo) = conv2d_output_size(
+        (h, wd),
+        (kh, kw),
+        opts.stride,
+        opts.padding,
+        opts.padding_end,
+    )
+    .ok_or_else(|| {
+        shape_err!(
+            "conv2d: kernel {kh}x{kw} stride {} padding {} does not fit input {:?}",
+            opts.stride,
+            opts.padding,
+            x.shape
+        )
+    })?;
     if out.shape != [n, o, ho, wo] {
         return Err(shape_err!(
             "conv2d of {:?} by {:?} (stride {}, padding {}) gives {:?}, output is {:?}",
@@ -174,22 +285,37 @@ pub fn conv2d(
         ));
     }
     if n * ho * wo == 0 || o == 0 || c == 0 {
-        return Err(shape_err!("conv2d: empty tensor ({:?} by {:?})", x.shape, w.shape));
+        return Err(shape_err!(
+            "conv2d: empty tensor ({:?} by {:?})",
+            x.shape,
+            w.shape
+        ));
     }
     float(x, "x", gpu)?;
     float(w, "w", gpu)?;
     if out.dtype != x.dtype {
-        return Err(shape_err!("conv2d: out is {:?} but x is {:?}", out.dtype, x.dtype));
+        return Err(shape_err!(
+            "conv2d: out is {:?} but x is {:?}",
+            out.dtype,
+            x.dtype
+        ));
     }
     for (t, what) in [(x, "x"), (out, "out")] {
         if !matches!(t.layout, Layout::RowMajor | Layout::Nchw) {
-            return Err(shape_err!("conv2d: {what} must be NCHW (row-major), got {:?}", t.layout));
+            return Err(shape_err!(
+                "conv2d: {what} must be NCHW (row-major), got {:?}",
+                t.layout
+            ));
         }
     }
     let wt = match w.layout {
         Layout::RowMajor => false,
         Layout::Transposed => true,
-        other => return Err(shape_err!("conv2d: weights in {other:?} layout (want row-major or transposed)")),
+        other => {
+            return Err(shape_err!(
+                "conv2d: weights in {other:?} layout (want row-major or transposed)"
+            ));
+        }
     };
     if let Some(b) = bias {
         float(b, "bias", gpu)?;
@@ -197,81 +323,68 @@ pub fn conv2d(
             return Err(shape_err!("conv2d: bias is {:?}, want [{o}]", b.shape));
         }
     }
-    if let Some(r) = opts.residual {
-        if r.shape != out.shape || r.dtype != out.dtype || !matches!(r.layout, Layout::RowMajor | Layout::Nchw) {
-            return Err(shape_err!(
-                "conv2d: residual {:?} {:?} must match out {:?} {:?}",
-                r.shape,
-                r.dtype,
-                out.shape,
-                out.dtype
-            ));
-        }
+    if let Some(r) = opts.residual
+        && (r.shape != out.shape
+            || r.dtype != out.dtype
+            || !matches!(r.layout, Layout::RowMajor | Layout::Nchw))
+    {
+        return Err(shape_err!(
+            "conv2d: residual {:?} {:?} must match out {:?} {:?}",
+            r.shape,
+            r.dtype,
+            out.shape,
+            out.dtype
+        ));
     }
     let (s, pad) = (opts.stride, opts.padding);
     let m = n * ho * wo;
     let k = c * kh * kw;
-    if [x.numel(), w.numel(), out.numel(), m, k].iter().any(|&v| v >= u32::MAX as usize / 2) {
-        return Err(shape_err!("conv2d: {:?} by {:?} is too large for 32-bit indexing", x.shape, w.shape));
+    // Indices are u32, window offsets i32.
+    if [x.numel(), w.numel(), out.numel(), m, k]
+        .iter()
+        .any(|&v| v >= i32::MAX as usize)
+    {
+        return Err(shape_err!(
+            "conv2d: {:?} by {:?} is too large for 32-bit indexing",
+            x.shape,
+            w.shape
+        ));
     }
 
+    let (variant, splits) = conv2d_plan(m, o, k, opts.variant, opts.split_k);
+    let (bm, tn) = variant.shape();
+    let k_split = k.div_ceil(splits).div_ceil(16) * 16;
     let tiles_n = o.div_ceil(64);
-    let tile128 = match opts.variant {
-        Conv2dVariant::Tile64 => false,
-        Conv2dVariant::Tile128 => true,
-        // Half the workgroups with 128-pixel tiles: only when that still leaves several per SM of a big GPU.
-        Conv2dVariant::Auto => m.div_ceil(128) * tiles_n >= 1024,
-    };
-    let bm = if tile128 { 128 } else { 64 };
     let tiles = m.div_ceil(bm) * tiles_n;
+    let total = out.numel();
+    if splits * total >= i32::MAX as usize {
+        return Err(shape_err!(
+            "conv2d: split-K scratch for {:?} is too large",
+            out.shape
+        ));
+    }
+    let split = splits > 1;
+    let scratch = if split {
+        Some(gpu.tensor(
+            "conv2d split-K scratch",
+            &[splits, total],
+            DType::F32,
+            Category::Activations,
+        )?)
+    } else {
+        None
+    };
 
-    let xvec = kh == 1 && kw == 1 && s == 1 && pad == 0 && (h * wd) % 4 == 0 && vec4_aligned(x);
-    let wvec = wt && o % 4 == 0 && vec4_aligned(w);
-    let ovec = (ho * wo) % 4 == 0 && vec4_aligned(out) && opts.residual.is_none_or(vec4_aligned);
-    let any_f16 = [Some(x), Some(w), bias].iter().flatten().any(|t| t.dtype == DType::F16);
+    let xvec =
+        kh == 1 && kw == 1 && s == 1 && pad == 0 && (h * wd).is_multiple_of(4) && vec4_aligned(x);
+    let wvec = wt && o.is_multiple_of(4) && vec4_aligned(w);
+    let ovec =
+        (ho * wo).is_multiple_of(4) && vec4_aligned(out) && opts.residual.is_none_or(vec4_aligned);
+    let any_f16 = [Some(x), Some(w), bias]
+        .iter()
+        .flatten()
+        .any(|t| t.dtype == DType::F16);
     let tb = bias.map_or("f32", |b| b.dtype.wgsl());
-
-    let mut tensors = vec![x, w, out];
-    let mut spec_name = format!(
-        "conv{kh}x{kw}s{s}_{}_w{}{}{}",
-        x.dtype.wgsl(),
-        w.dtype.wgsl(),
-        if tile128 { "_t128" } else { "_t64" },
-        if wt { "_wt" } else { "" }
-    );
-    let mut b_bias = 0;
-    let mut b_res = 0;
-    if let Some(b) = bias {
-        tensors.push(b);
-        b_bias = tensors.len();
-        spec_name.push_str("_bias");
-    }
-    if let Some(r) = opts.residual {
-        tensors.push(r);
-        b_res = tensors.len();
-        spec_name.push_str("_res");
-    }
-    let spec = crate::kernels::KernelSpec::new(spec_name, shader!("conv.wgsl"), "conv2d")
-        .define("TX", x.dtype.wgsl())
-        .define("TW", w.dtype.wgsl())
-        .define("TB", tb)
-        .define("F16", u8::from(any_f16))
-        .define("KH", kh)
-        .define("KW", kw)
-        .define("S", s)
-        .define("P", pad)
-        .define("TM8", u8::from(tile128))
-        .define("WT", u8::from(wt))
-        .define("WVEC", u8::from(wvec))
-        .define("XVEC", u8::from(xvec))
-        .define("OVEC", u8::from(ovec))
-        .define("BIAS", u8::from(bias.is_some()))
-        .define("RES", u8::from(opts.residual.is_some()))
-        .define("B_BIAS", b_bias)
-        .define("B_RES", b_res)
-        .define("OFF_BIAS", if b_bias > 0 { offset_expr(b_bias) } else { "0u".into() })
-        .define("OFF_RES", if b_res > 0 { offset_expr(b_res) } else { "0u".into() });
-    let kernel = gpu.kernel(&spec)?;
     let params = [
         n as u32,
         c as u32,
@@ -285,24 +398,142 @@ pub fn conv2d(
         tiles_n as u32,
         tiles as u32,
         (ho * wo) as u32,
+        k_split as u32,
+        splits as u32,
+        total as u32,
+        0,
     ];
-    let mut bytes = (x.byte_len() + w.byte_len() + out.byte_len()) as f64;
-    let mut flops = 2.0 * m as f64 * o as f64 * k as f64;
+    let max = gpu.caps.max_workgroups_per_dimension;
+
+    // Bias and residual go to the last dispatch: the conv itself, or the split-K reduction.
+    let mut tensors = if let Some(sc) = &scratch {
+        vec![sc, out]
+    } else {
+        vec![x, w, out]
+    };
+    let mut fused = String::new();
+    let (mut b_bias, mut b_res) = (0, 0);
     if let Some(b) = bias {
-        bytes += b.byte_len() as f64;
-        flops += out.numel() as f64;
+        tensors.push(b);
+        b_bias = tensors.len();
+        fused.push_str("_bias");
     }
     if let Some(r) = opts.residual {
-        bytes += r.byte_len() as f64;
-        flops += out.numel() as f64;
+        tensors.push(r);
+        b_res = tensors.len();
+        fused.push_str("_res");
     }
-    gpu.dispatch(
+    let common = |spec: KernelSpec, fuse: bool| {
+        spec.define("TX", x.dtype.wgsl())
+            .define("TW", w.dtype.wgsl())
+            .define("TB", tb)
+            .define("F16", u8::from(any_f16))
+            .define("OVEC", u8::from(ovec))
+            .define("BIAS", u8::from(fuse && bias.is_some()))
+            .define("RES", u8::from(fuse && opts.residual.is_some()))
+            .define("B_BIAS", b_bias)
+            .define("B_RES", b_res)
+            .define(
+                "OFF_BIAS",
+                if b_bias > 0 {
+                    offset_expr(b_bias)
+                } else {
+                    "0u".into()
+                },
+            )
+            .define(
+                "OFF_RES",
+                if b_res > 0 {
+                    offset_expr(b_res)
+                } else {
+                    "0u".into()
+                },
+            )
+    };
+    let name = format!(
+        "conv{kh}x{kw}s{s}_{}_w{}_p{bm}c{tn}{}{}",
+        x.dtype.wgsl(),
+        w.dtype.wgsl(),
+        if wt { "_wt" } else { "" },
+        if split { "_splitk" } else { fused.as_str() }
+    );
+    let spec = common(
+        KernelSpec::new(name, shader!("conv.wgsl"), "conv2d"),
+        !split,
+    )
+    .define("REDUCE", 0)
+    .define("SPLIT", u8::from(split))
+    .define("KH", kh)
+    .define("KW", kw)
+    .define("S", s)
+    .define("P", pad)
+    .define("TM8", u8::from(bm == 128))
+    .define("TN8", u8::from(tn == 8))
+    .define("A2", u8::from(bm == 128 || tn == 8))
+    .define("A4", u8::from(bm == 128 && tn == 8))
+    .define("MASK", u8::from(kh * kw <= 32))
+    .define("WT", u8::from(wt))
+    .define("WVEC", u8::from(wvec))
+    .define("XVEC", u8::from(xvec));
+    let kernel = gpu.kernel(&spec)?;
+    let mut conv_bytes = (x.byte_len() + w.byte_len()) as f64;
+    conv_bytes += if split {
+        (splits * total * 4) as f64
+    } else {
+        out.byte_len() as f64
+    };
+    let mut epilogue_bytes = 0.0;
+    let mut epilogue_flops = 0.0;
+    for t in [bias, opts.residual].into_iter().flatten() {
+        epilogue_bytes += t.byte_len() as f64;
+        epilogue_flops += total as f64;
+    }
+    let conv_flops = 2.0 * m as f64 * o as f64 * k as f64;
+    let conv_tensors = [x, w, scratch.as_ref().unwrap_or(out)];
+    if !split {
+        let d = gpu.dispatch(
+            &kernel,
+            &params,
+            &tensors,
+            grid(tiles as u32, max),
+            Cost {
+                flops: conv_flops + epilogue_flops,
+                bytes: conv_bytes + epilogue_bytes,
+            },
+        )?;
+        return Ok(vec![d]);
+    }
+    let main = gpu.dispatch(
         &kernel,
         &params,
-        &tensors,
-        grid(tiles as u32, gpu.caps.max_workgroups_per_dimension),
-        Cost { flops, bytes },
+        &conv_tensors,
+        grid((tiles * splits) as u32, max),
+        Cost {
+            flops: conv_flops,
+            bytes: conv_bytes,
+        },
+    )?;
+    let rname = format!("conv2d_reduce_{}{fused}", x.dtype.wgsl());
+    let rspec = common(
+        KernelSpec::new(rname, shader!("conv.wgsl"), "conv2d_reduce"),
+        true,
     )
+    .define("REDUCE", 1)
+    .define("SPLIT", 0);
+    let reduce = gpu.dispatch(
+        &gpu.kernel(&rspec)?,
+        &params,
+        &tensors,
+        grid(
+            (if ovec { total / 4 } else { total }).div_ceil(256) as u32,
+            max,
+        ),
+        Cost {
+            flops: ((splits - 1) * total) as f64 + epilogue_flops,
+            bytes: ((splits * total * 4) as f64) + out.byte_len() as f64 + epilogue_bytes,
+        },
+    )?;
+    Ok(vec![main, reduce])
 }
 
 #[cfg(test)]
@@ -311,17 +542,53 @@ mod tests {
 
     #[test]
     fn output_sizes() {
-        assert_eq!(conv2d_output_size((9, 11), (3, 3), 1, 1, None), Some((9, 11)));
-        assert_eq!(conv2d_output_size((16, 16), (3, 3), 2, 1, None), Some((8, 8)));
-        assert_eq!(conv2d_output_size((15, 15), (3, 3), 2, 1, None), Some((8, 8)));
-        assert_eq!(conv2d_output_size((64, 64), (3, 3), 2, 0, Some(1)), Some((32, 32)));
+        assert_eq!(
+            conv2d_output_size((9, 11), (3, 3), 1, 1, None),
+            Some((9, 11))
+        );
+        assert_eq!(
+            conv2d_output_size((16, 16), (3, 3), 2, 1, None),
+            Some((8, 8))
+        );
+        assert_eq!(
+            conv2d_output_size((15, 15), (3, 3), 2, 1, None),
+            Some((8, 8))
+        );
+        assert_eq!(
+            conv2d_output_size((64, 64), (3, 3), 2, 0, Some(1)),
+            Some((32, 32))
+        );
         assert_eq!(conv2d_output_size((2, 2), (3, 3), 1, 0, None), None);
+    }
+
+    #[test]
+    fn plans() {
+        use Conv2dVariant::*;
+        // SD 1.5 at 512x512, batch 2: 64x64 x 320 fills the GPU; 8x8 x 1280 is split.
+        assert_eq!(conv2d_plan(2 * 64 * 64, 320, 2880, Auto, None), (P64C4, 1));
+        assert_eq!(conv2d_plan(2 * 8 * 8, 1280, 11520, Auto, None), (P64C4, 16));
+        assert_eq!(
+            conv2d_plan(2 * 16 * 16, 1280, 11520, Auto, None),
+            (P64C4, 4)
+        );
+        assert_eq!(conv2d_plan(2 * 32 * 32, 320, 2880, Auto, None), (P64C4, 4));
+        assert_eq!(conv2d_plan(512 * 512, 128, 1152, Auto, None), (P128C4, 1));
+        // Small K: no split below 256 per split unless asked; forced splits are never empty.
+        assert_eq!(conv2d_plan(64, 8, 72, Auto, None), (P64C4, 1));
+        assert_eq!(conv2d_plan(64, 8, 72, P128C8, Some(3)), (P128C8, 3));
+        assert_eq!(conv2d_plan(64, 8, 40, P64C4, Some(5)), (P64C4, 3));
     }
 
     #[test]
     fn weight_transpose() {
         let v: Vec<f32> = (0..2 * 3).map(|i| i as f32).collect();
-        let b = conv2d_weight_bytes(bytemuck::cast_slice(&v), &[2, 3, 1, 1], DType::F32, Layout::Transposed).unwrap();
+        let b = conv2d_weight_bytes(
+            bytemuck::cast_slice(&v),
+            &[2, 3, 1, 1],
+            DType::F32,
+            Layout::Transposed,
+        )
+        .unwrap();
         let t: &[f32] = bytemuck::cast_slice(&b);
         assert_eq!(t, &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     }

@@ -108,7 +108,7 @@ pub fn embedding_shards(
             .define("VEC4", u8::from(vec4))
             .define("ACC_IDS", input_access(ids, &[out]));
         let kernel = gpu.kernel(&spec)?;
-        let threads = n * dim / vw;
+        let blocks = (dim / vw).div_ceil(1024);
         // Each shard reads the ids and its share of rows; a full copy's worth over all shards.
         let share = if shards.len() == 1 {
             1.0
@@ -124,12 +124,10 @@ pub fn embedding_shards(
                 s.tensor.shape[0] as u32,
                 vocab as u32,
                 u32::from(i == 0),
+                blocks as u32,
             ],
             &[&s.tensor, ids, out],
-            grid(
-                threads.div_ceil(256) as u32,
-                gpu.caps.max_workgroups_per_dimension,
-            ),
+            grid((n * blocks) as u32, gpu.caps.max_workgroups_per_dimension),
             Cost {
                 flops: 0.0,
                 bytes: n as f64 * 4.0

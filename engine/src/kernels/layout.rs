@@ -13,23 +13,32 @@ use crate::{shader, shape_err};
 
 /// Whether a tensor's first element is 4-element aligned within its binding (vec4 access).
 fn vec4_aligned(t: &Tensor) -> bool {
-    t.storage.offset % (4 * t.elem_bytes()) == 0
+    t.storage.offset.is_multiple_of(4 * t.elem_bytes())
 }
 
 fn check_float(gpu: &Gpu, op: &str, ts: &[&Tensor]) -> Result<()> {
     let dtype = ts[0].dtype;
     for t in ts {
         if t.dtype != dtype {
-            return Err(shape_err!("{op}: dtypes differ ({:?} vs {:?})", dtype, t.dtype));
+            return Err(shape_err!(
+                "{op}: dtypes differ ({:?} vs {:?})",
+                dtype,
+                t.dtype
+            ));
         }
         if !matches!(t.layout, Layout::RowMajor | Layout::Nchw) {
-            return Err(shape_err!("{op}: tensors must be row-major, got {:?}", t.layout));
+            return Err(shape_err!(
+                "{op}: tensors must be row-major, got {:?}",
+                t.layout
+            ));
         }
     }
     match dtype {
         DType::F32 => Ok(()),
         DType::F16 if gpu.caps.f16 => Ok(()),
-        DType::F16 => Err(DriftError::Unsupported(format!("{op}: f16 on a device without f16"))),
+        DType::F16 => Err(DriftError::Unsupported(format!(
+            "{op}: f16 on a device without f16"
+        ))),
         d => Err(shape_err!("{op}: f32 or f16 tensors only, got {d:?}")),
     }
 }
@@ -45,7 +54,13 @@ fn spec(name: &str, entry: &'static str, dtype: DType, vec: bool) -> KernelSpec 
 }
 
 /// The params after the base offsets: n, a, b, c, shape, strides, ext.
-fn params(n: usize, abc: [usize; 3], shape: [usize; 4], strides: [usize; 4], ext: [usize; 4]) -> Vec<u32> {
+fn params(
+    n: usize,
+    abc: [usize; 3],
+    shape: [usize; 4],
+    strides: [usize; 4],
+    ext: [usize; 4],
+) -> Vec<u32> {
     let mut v = vec![n as u32];
     v.extend(abc.iter().map(|&x| x as u32));
     v.extend(shape.iter().map(|&x| x as u32));
@@ -73,11 +88,15 @@ pub fn upsample_nearest2x(gpu: &Gpu, x: &Tensor, out: &Tensor) -> Result<Dispatc
         want[r - 1] *= 2;
     }
     if r < 2 || out.shape != want {
-        return Err(shape_err!("upsample_nearest2x of {:?} gives {want:?}, output is {:?}", x.shape, out.shape));
+        return Err(shape_err!(
+            "upsample_nearest2x of {:?} gives {want:?}, output is {:?}",
+            x.shape,
+            out.shape
+        ));
     }
     let w = x.shape[r - 1];
     // A thread per input vec4 writes two vec4 to each of two output rows.
-    let vec = w % 4 == 0 && vec4_aligned(x) && vec4_aligned(out);
+    let vec = w.is_multiple_of(4) && vec4_aligned(x) && vec4_aligned(out);
     let v = if vec { 4 } else { 1 };
     let n = x.numel() / v;
     let kernel = gpu.kernel(&spec("upsample2x", "upsample2x", x.dtype, vec))?;
@@ -85,7 +104,10 @@ pub fn upsample_nearest2x(gpu: &Gpu, x: &Tensor, out: &Tensor) -> Result<Dispatc
         &kernel,
         &params(n, [w / v, 0, 0], [0; 4], [0; 4], [0; 4]),
         &[x, out],
-        grid(n.div_ceil(256) as u32, gpu.caps.max_workgroups_per_dimension),
+        grid(
+            n.div_ceil(256) as u32,
+            gpu.caps.max_workgroups_per_dimension,
+        ),
         Cost {
             flops: 0.0,
             bytes: (x.byte_len() + out.byte_len()) as f64,
@@ -94,16 +116,36 @@ pub fn upsample_nearest2x(gpu: &Gpu, x: &Tensor, out: &Tensor) -> Result<Dispatc
 }
 
 /// Copies `src` (rows of `len` elements) into `dst` at element `dst_off`, rows `stride` apart.
-fn copy_rows(gpu: &Gpu, src: &Tensor, dst: &Tensor, len: usize, stride: usize, dst_off: usize) -> Result<Dispatch> {
-    let vec = len % 4 == 0 && stride % 4 == 0 && dst_off % 4 == 0 && vec4_aligned(src) && vec4_aligned(dst);
+fn copy_rows(
+    gpu: &Gpu,
+    src: &Tensor,
+    dst: &Tensor,
+    len: usize,
+    stride: usize,
+    dst_off: usize,
+) -> Result<Dispatch> {
+    let vec = len.is_multiple_of(4)
+        && stride.is_multiple_of(4)
+        && dst_off.is_multiple_of(4)
+        && vec4_aligned(src)
+        && vec4_aligned(dst);
     let v = if vec { 4 } else { 1 };
     let n = src.numel() / v;
     let kernel = gpu.kernel(&spec("copy_rows", "copy_rows", src.dtype, vec))?;
     gpu.dispatch(
         &kernel,
-        &params(n, [len / v, stride / v, dst_off / v], [0; 4], [0; 4], [0; 4]),
+        &params(
+            n,
+            [len / v, stride / v, dst_off / v],
+            [0; 4],
+            [0; 4],
+            [0; 4],
+        ),
         &[src, dst],
-        grid(n.div_ceil(256) as u32, gpu.caps.max_workgroups_per_dimension),
+        grid(
+            n.div_ceil(256) as u32,
+            gpu.caps.max_workgroups_per_dimension,
+        ),
         Cost {
             flops: 0.0,
             bytes: 2.0 * src.byte_len() as f64,
@@ -117,7 +159,8 @@ pub fn concat_channels(gpu: &Gpu, a: &Tensor, b: &Tensor, out: &Tensor) -> Resul
     check_float(gpu, "concat_channels", &[a, b, out])?;
     check_32bit("concat_channels", &[out])?;
     let r = a.rank();
-    let same_rest = r >= 2 && b.rank() == r && a.shape[0] == b.shape[0] && a.shape[2..] == b.shape[2..];
+    let same_rest =
+        r >= 2 && b.rank() == r && a.shape[0] == b.shape[0] && a.shape[2..] == b.shape[2..];
     let mut want = a.shape.clone();
     if same_rest {
         want[1] += b.shape[1];
@@ -153,7 +196,11 @@ pub fn simplify_permutation(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec
     }
     let new_index = |d: usize| keep.iter().position(|&k| k == d).unwrap_or(0);
     let shape1: Vec<usize> = keep.iter().map(|&d| shape[d]).collect();
-    let perm1: Vec<usize> = perm.iter().filter(|&&d| shape[d] != 1).map(|&d| new_index(d)).collect();
+    let perm1: Vec<usize> = perm
+        .iter()
+        .filter(|&&d| shape[d] != 1)
+        .map(|&d| new_index(d))
+        .collect();
     // Runs of consecutive input dimensions, in output order.
     let mut groups: Vec<(usize, usize)> = Vec::new();
     for &d in &perm1 {
@@ -184,13 +231,22 @@ pub fn permute(gpu: &Gpu, x: &Tensor, perm: &[usize], out: &Tensor) -> Result<Di
     let mut seen = [false; 4];
     let valid = (1..=4).contains(&rank)
         && perm.len() == rank
-        && perm.iter().all(|&d| d < rank && !std::mem::replace(&mut seen[d], true));
+        && perm
+            .iter()
+            .all(|&d| d < rank && !std::mem::replace(&mut seen[d], true));
     if !valid {
-        return Err(shape_err!("permute: {perm:?} is not a permutation of the {rank} dimensions of {:?} (rank 1..4)", x.shape));
+        return Err(shape_err!(
+            "permute: {perm:?} is not a permutation of the {rank} dimensions of {:?} (rank 1..4)",
+            x.shape
+        ));
     }
     let want: Vec<usize> = perm.iter().map(|&d| x.shape[d]).collect();
     if out.shape != want {
-        return Err(shape_err!("permute {perm:?} of {:?} gives {want:?}, output is {:?}", x.shape, out.shape));
+        return Err(shape_err!(
+            "permute {perm:?} of {:?} gives {want:?}, output is {:?}",
+            x.shape,
+            out.shape
+        ));
     }
     let (shape, perm) = simplify_permutation(&x.shape, perm);
     let r = shape.len();
@@ -210,7 +266,7 @@ pub fn permute(gpu: &Gpu, x: &Tensor, perm: &[usize], out: &Tensor) -> Result<Di
     let max = gpu.caps.max_workgroups_per_dimension;
     if perm[r - 1] == r - 1 {
         // The last dimension stays: a gather with contiguous rows on both sides.
-        let vec = shape[r - 1] % 4 == 0 && vec4_aligned(x) && vec4_aligned(out);
+        let vec = shape[r - 1].is_multiple_of(4) && vec4_aligned(x) && vec4_aligned(out);
         let v = if vec { 4 } else { 1 };
         let mut s4 = [1usize; 4];
         let mut st4 = [0usize; 4];
@@ -268,8 +324,14 @@ mod tests {
     #[test]
     fn permutations_simplify() {
         assert_eq!(s(&[2, 3, 4, 5], &[0, 1, 2, 3]), (vec![120], vec![0]));
-        assert_eq!(s(&[2, 3, 4, 5], &[0, 2, 1, 3]), (vec![2, 3, 4, 5], vec![0, 2, 1, 3]));
-        assert_eq!(s(&[2, 3, 4, 5], &[0, 2, 3, 1]), (vec![2, 3, 20], vec![0, 2, 1]));
+        assert_eq!(
+            s(&[2, 3, 4, 5], &[0, 2, 1, 3]),
+            (vec![2, 3, 4, 5], vec![0, 2, 1, 3])
+        );
+        assert_eq!(
+            s(&[2, 3, 4, 5], &[0, 2, 3, 1]),
+            (vec![2, 3, 20], vec![0, 2, 1])
+        );
         assert_eq!(s(&[2, 3, 4, 5], &[2, 3, 0, 1]), (vec![6, 20], vec![1, 0]));
         assert_eq!(s(&[1, 3, 1, 5], &[2, 3, 0, 1]), (vec![3, 5], vec![1, 0]));
         assert_eq!(s(&[1, 1], &[1, 0]), (vec![1], vec![0]));

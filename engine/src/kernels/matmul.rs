@@ -62,13 +62,25 @@ const MIN_LARGE_TILES: usize = 256;
 /// `a`: `[.., M, K]`; `b`: `[K, N]` / `[N, K]` shared by every batch entry, or with the same leading
 /// batch dimensions as `a`; `out`: `[.., M, N]`. `a` and `b` share one float dtype (f32 or f16);
 /// `out` is f32 or f16; accumulation is f32.
-pub fn matmul(gpu: &Gpu, a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<Vec<Dispatch>> {
+pub fn matmul(
+    gpu: &Gpu,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    opts: &MatmulOptions,
+) -> Result<Vec<Dispatch>> {
     let s = check(a, b, out, opts)?;
     let b_bytes = b.binding(gpu.caps.max_storage_binding).is_err();
     if b_bytes && opts.transpose_b && !s.batched_b {
         // A weight bigger than one binding: column blocks of the output, one row shard of b each.
         let w = b.reshape(&[s.n, s.k])?;
-        return matmul_shards(gpu, a, &w.row_shards(gpu.caps.max_storage_binding)?, out, opts);
+        return matmul_shards(
+            gpu,
+            a,
+            &w.row_shards(gpu.caps.max_storage_binding)?,
+            out,
+            opts,
+        );
     }
     Ok(vec![build(gpu, a, b, out, opts, &s, 0, s.n)?])
 }
@@ -108,7 +120,16 @@ pub fn matmul_shards(
             ..sh.tensor.clone()
         };
         let s = check(a, &whole, out, &full_opts)?;
-        ds.push(build(gpu, a, &sh.tensor, out, &full_opts, &s, sh.row_start, sh.tensor.shape[0])?);
+        ds.push(build(
+            gpu,
+            a,
+            &sh.tensor,
+            out,
+            &full_opts,
+            &s,
+            sh.row_start,
+            sh.tensor.shape[0],
+        )?);
     }
     Ok(ds)
 }
@@ -146,11 +167,18 @@ fn check(a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<S
     }
     for (t, what) in [(a, "a"), (b, "b"), (out, "out")] {
         if t.layout != Layout::RowMajor {
-            return Err(shape_err!("matmul: {what} must be row-major, is {:?}", t.layout));
+            return Err(shape_err!(
+                "matmul: {what} must be row-major, is {:?}",
+                t.layout
+            ));
         }
     }
     let (m, k) = (a.dim(-2), a.dim(-1));
-    let (bk, n) = if opts.transpose_b { (b.dim(-1), b.dim(-2)) } else { (b.dim(-2), b.dim(-1)) };
+    let (bk, n) = if opts.transpose_b {
+        (b.dim(-1), b.dim(-2))
+    } else {
+        (b.dim(-2), b.dim(-1))
+    };
     let lead = &a.shape[..a.rank() - 2];
     let b_lead = &b.shape[..b.rank() - 2];
     let batch: usize = lead.iter().product();
@@ -160,20 +188,27 @@ fn check(a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<S
             "matmul: a {:?} and b {:?}{} do not match (K {k} vs {bk}; b's batch must equal a's or be absent)",
             a.shape,
             b.shape,
-            if opts.transpose_b { " (transposed)" } else { "" }
+            if opts.transpose_b {
+                " (transposed)"
+            } else {
+                ""
+            }
         ));
     }
     if out.shape[..out.rank() - 2] != *lead || out.dim(-2) != m || out.dim(-1) != n {
-        return Err(shape_err!("matmul: out is {:?}, expected {lead:?} + [{m}, {n}]", out.shape));
+        return Err(shape_err!(
+            "matmul: out is {:?}, expected {lead:?} + [{m}, {n}]",
+            out.shape
+        ));
     }
-    if let Some(bias) = opts.bias {
-        if bias.numel() != n || !float(bias.dtype) {
-            return Err(shape_err!(
-                "matmul: bias must be [{n}] f32 or f16, is {:?} {:?}",
-                bias.shape,
-                bias.dtype
-            ));
-        }
+    if let Some(bias) = opts.bias
+        && (bias.numel() != n || !float(bias.dtype))
+    {
+        return Err(shape_err!(
+            "matmul: bias must be [{n}] f32 or f16, is {:?} {:?}",
+            bias.shape,
+            bias.dtype
+        ));
     }
     Ok(Shape {
         batch,
@@ -187,7 +222,9 @@ fn check(a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<S
 fn needs_f16(caps: &Caps, dtypes: &[DType]) -> Result<bool> {
     let any = dtypes.contains(&DType::F16);
     if any && !caps.f16 {
-        return Err(DriftError::Unsupported("f16 tensors on a device without shader-f16".into()));
+        return Err(DriftError::Unsupported(
+            "f16 tensors on a device without shader-f16".into(),
+        ));
     }
     Ok(any)
 }
@@ -198,26 +235,34 @@ fn coop_smem(epi4: bool) -> u32 {
     tiles + 4 * 16 * if epi4 { 64 } else { 16 } * 4
 }
 
-/// Whether the cooperative kernel can run here: 16x16 f16 matrices, a fixed subgroup size (the kernel
-/// is four subgroups) and the workgroup memory for the small staging area.
+/// Whether the cooperative kernel can run here: 16x16 f16 matrices, subgroups of exactly 32 (the
+/// kernel is 128 invocations = four subgroups, one per 64x64 quadrant) and the workgroup memory for
+/// the small staging area.
 pub fn coop_available(caps: &Caps) -> bool {
     caps.coop_16x16_f16_f32
         && caps.subgroup
-        && caps.subgroup_min_size == caps.subgroup_max_size
-        && caps.subgroup_max_size > 0
-        && 4 * caps.subgroup_max_size <= caps.max_invocations_per_workgroup
+        && caps.subgroup_min_size == 32
+        && caps.subgroup_max_size == 32
         && coop_smem(false) <= caps.max_workgroup_storage
 }
 
 /// The variant that will run for these dtypes.
-pub fn choose_variant(caps: &Caps, dtype: DType, requested: MatmulVariant) -> Result<MatmulVariant> {
+pub fn choose_variant(
+    caps: &Caps,
+    dtype: DType,
+    requested: MatmulVariant,
+) -> Result<MatmulVariant> {
     match requested {
-        MatmulVariant::Auto if dtype == DType::F16 && coop_available(caps) => Ok(MatmulVariant::Coop),
+        MatmulVariant::Auto if dtype == DType::F16 && coop_available(caps) => {
+            Ok(MatmulVariant::Coop)
+        }
         MatmulVariant::Auto | MatmulVariant::Tiled => Ok(MatmulVariant::Tiled),
-        MatmulVariant::Coop if dtype == DType::F16 && coop_available(caps) => Ok(MatmulVariant::Coop),
+        MatmulVariant::Coop if dtype == DType::F16 && coop_available(caps) => {
+            Ok(MatmulVariant::Coop)
+        }
         MatmulVariant::Coop => Err(DriftError::Unsupported(format!(
             "cooperative-matrix matmul needs f16 inputs (got {dtype:?}) and a device with 16x16 f16 \
-             cooperative matrices, a fixed subgroup size and {} bytes of workgroup memory",
+             cooperative matrices, subgroups of 32 and {} bytes of workgroup memory",
             coop_smem(false)
         ))),
     }
@@ -247,11 +292,19 @@ fn build(
     let Shape { batch, m, k, .. } = *s;
     let n_total = s.n;
     let ldb = if opts.transpose_b { k } else { n_total };
-    let (a_bs, b_bs, out_bs) = (m * k, if s.batched_b { k * n_total } else { 0 }, m * n_total);
+    let (a_bs, b_bs, out_bs) = (
+        m * k,
+        if s.batched_b { k * n_total } else { 0 },
+        m * n_total,
+    );
     // Vector access needs the contiguous run and every base offset to be multiples of 4 elements.
-    let va = k % 4 == 0 && ba % 4 == 0;
-    let vb = ldb % 4 == 0 && bb % 4 == 0 && if opts.transpose_b { true } else { n % 4 == 0 };
-    let vo = n % 4 == 0 && n_total % 4 == 0 && col0 % 4 == 0 && bo % 4 == 0;
+    let va = k.is_multiple_of(4) && ba.is_multiple_of(4);
+    let vb =
+        ldb.is_multiple_of(4) && bb.is_multiple_of(4) && (opts.transpose_b || n.is_multiple_of(4));
+    let vo = n.is_multiple_of(4)
+        && n_total.is_multiple_of(4)
+        && col0.is_multiple_of(4)
+        && bo.is_multiple_of(4);
     let bias_name = match bias_dtype {
         Some(d) => format!("_bias{}", d.wgsl()),
         None => String::new(),
@@ -263,8 +316,10 @@ fn build(
             .define("F16", u8::from(f16))
             .define("VA", u8::from(va))
             .define("VB", u8::from(vb))
+            .define("BIAS", u8::from(opts.bias.is_some()))
     };
     let mut tensors = vec![a, b, out];
+    tensors.extend(opts.bias);
 
     let (spec, block) = if variant == MatmulVariant::Coop {
         let direct = vo && out.dtype == DType::F32 && opts.bias.is_none();
@@ -274,14 +329,15 @@ fn build(
             if opts.transpose_b { "_nt" } else { "" },
             out.dtype.wgsl()
         );
-        let spec = common(KernelSpec::new(name, shader!("matmul_coop.wgsl"), "matmul_coop"))
-            .define("TRANS_B", u8::from(opts.transpose_b))
-            .define("BIAS", u8::from(opts.bias.is_some()))
-            .define("WG", 4 * caps.subgroup_max_size)
-            .define("VO", u8::from(vo && !direct))
-            .define("DIRECT", u8::from(direct))
-            .define("EPI4", u8::from(epi4));
-        tensors.extend(opts.bias);
+        let spec = common(KernelSpec::new(
+            name,
+            shader!("matmul_coop.wgsl"),
+            "matmul_coop",
+        ))
+        .define("TRANS_B", u8::from(opts.transpose_b))
+        .define("VO", u8::from(vo && !direct))
+        .define("DIRECT", u8::from(direct))
+        .define("EPI4", u8::from(epi4));
         (spec, 128)
     } else {
         let count = |blk: usize| batch * m.div_ceil(blk) * n.div_ceil(blk);
@@ -291,31 +347,37 @@ fn build(
             MatmulTile::Auto => count(128) >= MIN_LARGE_TILES,
         } && 16 * 1024 <= caps.max_workgroup_storage;
         let r = if large { 8 } else { 4 };
-        // The B layout and the bias are uniform flags: keep them out of the kernel name (part of the
-        // cache key) and put them in the dispatch name.
-        let name = format!("matmul_{}_{}_{}", a.dtype.wgsl(), out.dtype.wgsl(), 16 * r);
+        // The B layout is a uniform flag: keep it out of the kernel name (part of the cache key) and
+        // put it in the dispatch name.
+        let name = format!(
+            "matmul_{}_{}_{}{bias_name}",
+            a.dtype.wgsl(),
+            out.dtype.wgsl(),
+            16 * r
+        );
         let spec = common(KernelSpec::new(name, shader!("matmul.wgsl"), "matmul"))
             .define("T", a.dtype.wgsl())
             .define("R", r)
+            .define("R8", u8::from(r == 8))
             .define("VO", u8::from(vo));
-        // The tiled kernel always has a bias binding (a uniform flag says whether to read it).
-        tensors.push(opts.bias.unwrap_or(a));
         (spec, 16 * r)
     };
-    let t0 = std::time::Instant::now();
     let kernel = gpu.kernel(&spec)?;
-    eprintln!("KTIME {:?} {:?}", t0.elapsed(), spec.defines);
     let (tiles_m, tiles_n) = (m.div_ceil(block), n.div_ceil(block));
     let groups = batch * tiles_m * tiles_n;
     if groups > u32::MAX as usize || batch * m * n_total > u32::MAX as usize {
-        return Err(shape_err!("matmul of {batch}x{m}x{n}x{k} is too large for 32-bit indexing"));
+        return Err(shape_err!(
+            "matmul of {batch}x{m}x{n}x{k} is too large for 32-bit indexing"
+        ));
     }
-    let flags = [usize::from(opts.transpose_b), usize::from(opts.bias.is_some())];
-    let params: Vec<u32> = [m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, n_total, col0, ldb]
-        .iter()
-        .chain(&flags)
-        .map(|&v| v as u32)
-        .collect();
+    let flags = [usize::from(opts.transpose_b)];
+    let params: Vec<u32> = [
+        m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, n_total, col0, ldb,
+    ]
+    .iter()
+    .chain(&flags)
+    .map(|&v| v as u32)
+    .collect();
     let in_bytes = a.elem_bytes() as f64;
     let cost = Cost {
         flops: matmul_flops(batch, m, n, k) + opts.bias.map_or(0.0, |_| (batch * m * n) as f64),
@@ -323,11 +385,19 @@ fn build(
         bytes: (batch * m * k) as f64 * in_bytes
             + (if s.batched_b { batch } else { 1 } * n * k) as f64 * in_bytes
             + (batch * m * n) as f64 * out.elem_bytes() as f64
-            + opts.bias.map_or(0.0, |t| (n as u64 * t.elem_bytes()) as f64),
+            + opts
+                .bias
+                .map_or(0.0, |t| (n as u64 * t.elem_bytes()) as f64),
     };
-    let mut d = gpu.dispatch(&kernel, &params, &tensors, grid(groups as u32, caps.max_workgroups_per_dimension), cost)?;
+    let mut d = gpu.dispatch(
+        &kernel,
+        &params,
+        &tensors,
+        grid(groups as u32, caps.max_workgroups_per_dimension),
+        cost,
+    )?;
     if variant == MatmulVariant::Tiled {
-        d.name = format!("{}{}{bias_name}", d.name, if opts.transpose_b { "_nt" } else { "" });
+        d.name = format!("{}{}", d.name, if opts.transpose_b { "_nt" } else { "" });
     }
     Ok(d)
 }

@@ -45,11 +45,20 @@ pub struct MatvecOptions<'a> {
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
 /// `out`: `[B, N]` or `[N]` (x and out f32 or f16), `B <= MAX_BATCH`. A weight over the binding
 /// limit (or `opts.max_shard_bytes`) is split into row shards, one dispatch each.
-pub fn matvec(gpu: &Gpu, w: &Tensor, x: &Tensor, out: &Tensor, opts: &MatvecOptions) -> Result<Vec<Dispatch>> {
+pub fn matvec(
+    gpu: &Gpu,
+    w: &Tensor,
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+) -> Result<Vec<Dispatch>> {
     if w.rank() != 2 {
         return Err(shape_err!("matvec: w must be [N, K], is {:?}", w.shape));
     }
-    let limit = opts.max_shard_bytes.unwrap_or(gpu.caps.max_storage_binding).min(gpu.caps.max_storage_binding);
+    let limit = opts
+        .max_shard_bytes
+        .unwrap_or(gpu.caps.max_storage_binding)
+        .min(gpu.caps.max_storage_binding);
     let shards = if w.binding(limit).is_ok() {
         vec![RowShard {
             row_start: 0,
@@ -86,13 +95,18 @@ pub fn matvec_shards(
             ));
         }
         if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
-            return Err(shape_err!("matvec: w must be row-major f32 or f16, is {:?} {:?}", t.dtype, t.layout));
+            return Err(shape_err!(
+                "matvec: w must be row-major f32 or f16, is {:?} {:?}",
+                t.dtype,
+                t.layout
+            ));
         }
         n += t.shape[0];
     }
     let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
     let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
-    let out_ok = out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
+    let out_ok =
+        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
     if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
         return Err(shape_err!(
             "matvec: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
@@ -102,30 +116,45 @@ pub fn matvec_shards(
     }
     for (t, what) in [(x, "x"), (out, "out")] {
         if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
-            return Err(shape_err!("matvec: {what} must be row-major f32 or f16, is {:?} {:?}", t.dtype, t.layout));
+            return Err(shape_err!(
+                "matvec: {what} must be row-major f32 or f16, is {:?} {:?}",
+                t.dtype,
+                t.layout
+            ));
         }
     }
-    if let Some(b) = opts.bias {
-        if b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16) {
-            return Err(shape_err!("matvec: bias must be [{n}] f32 or f16, is {:?} {:?}", b.shape, b.dtype));
-        }
+    if let Some(b) = opts.bias
+        && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
+    {
+        return Err(shape_err!(
+            "matvec: bias must be [{n}] f32 or f16, is {:?} {:?}",
+            b.shape,
+            b.dtype
+        ));
     }
     let caps = &gpu.caps;
-    let f16 = x.dtype == DType::F16 || out.dtype == DType::F16 || opts.bias.is_some_and(|b| b.dtype == DType::F16);
+    let f16 = x.dtype == DType::F16
+        || out.dtype == DType::F16
+        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
     if f16 && !caps.f16 {
-        return Err(DriftError::Unsupported("f16 activations on a device without shader-f16".into()));
+        return Err(DriftError::Unsupported(
+            "f16 activations on a device without shader-f16".into(),
+        ));
     }
     let sg = match opts.variant {
         MatvecVariant::Auto => caps.subgroup,
         MatvecVariant::Workgroup => false,
         MatvecVariant::Subgroup if caps.subgroup => true,
         MatvecVariant::Subgroup => {
-            return Err(DriftError::Unsupported("subgroup matvec on a device without subgroups".into()));
+            return Err(DriftError::Unsupported(
+                "subgroup matvec on a device without subgroups".into(),
+            ));
         }
     };
     // Eight rows per workgroup: eight subgroups where the size allows, else fewer subgroups looping.
     let wg = if sg {
-        (ROWS_PER_WORKGROUP as u32 * caps.subgroup_max_size).clamp(32, 256.min(caps.max_invocations_per_workgroup))
+        (ROWS_PER_WORKGROUP as u32 * caps.subgroup_max_size)
+            .clamp(32, 256.min(caps.max_invocations_per_workgroup))
     } else {
         256
     };
@@ -136,13 +165,21 @@ pub fn matvec_shards(
         let bw = w.binding(caps.max_storage_binding)?.base_elems as usize;
         let wf16 = w.dtype == DType::F16;
         let cw = if wf16 { 8 } else { 4 };
-        let vec = k % cw == 0 && bw % cw == 0 && bx % 4 == 0;
+        let vec = k.is_multiple_of(cw) && bw.is_multiple_of(cw) && bx.is_multiple_of(4);
         let name = format!(
             "matvec_{}_{}{}{}{}",
             w.dtype.wgsl(),
             x.dtype.wgsl(),
-            if out.dtype == x.dtype { String::new() } else { format!("_{}", out.dtype.wgsl()) },
-            if batch > 1 { format!("_b{batch}") } else { String::new() },
+            if out.dtype == x.dtype {
+                String::new()
+            } else {
+                format!("_{}", out.dtype.wgsl())
+            },
+            if batch > 1 {
+                format!("_b{batch}")
+            } else {
+                String::new()
+            },
             if sg { "_sg" } else { "_wg" }
         );
         let spec = KernelSpec::new(name, shader!("matvec.wgsl"), "matvec")
@@ -167,9 +204,17 @@ pub fn matvec_shards(
             bytes: (rows * k) as f64 * w.elem_bytes() as f64
                 + (batch * k) as f64 * x.elem_bytes() as f64
                 + (batch * rows) as f64 * out.elem_bytes() as f64
-                + opts.bias.map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
+                + opts
+                    .bias
+                    .map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
         };
-        ds.push(gpu.dispatch(&kernel, &params, &tensors, grid(groups, caps.max_workgroups_per_dimension), cost)?);
+        ds.push(gpu.dispatch(
+            &kernel,
+            &params,
+            &tensors,
+            grid(groups, caps.max_workgroups_per_dimension),
+            cost,
+        )?);
     }
     Ok(ds)
 }

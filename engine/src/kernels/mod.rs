@@ -21,6 +21,7 @@ pub mod matmul;
 pub mod matvec;
 pub mod norm;
 pub mod qkv_rope;
+pub mod quant;
 pub mod rope;
 pub mod sample;
 pub mod softmax;

@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::softmax::{float_dtype, input_access, partial_overlap};
+use crate::kernels::softmax::{base_elems, float_dtype, input_access, partial_overlap};
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
@@ -133,11 +133,24 @@ pub fn rope(
         &table,
         Category::Weights,
     )?;
-    let pairs = if inplace { half_rot } else { head_dim / 2 };
-    let chunks = heads.div_ceil(HEADS_PER_THREAD);
     let interleaved = opts.style == RopeStyle::Interleaved;
+    // vec4 slots: one vector of pairs (interleaved) or one from each half (half-split).
+    let rot_elems = if interleaved { 4 } else { 8 };
+    let vec4 = head_dim.is_multiple_of(4)
+        && rd.is_multiple_of(rot_elems)
+        && base_elems(gpu, x)?.is_multiple_of(4)
+        && base_elems(gpu, out)?.is_multiple_of(4);
+    let (rot_slots, slots) = if vec4 {
+        (
+            rd / rot_elems,
+            rd / rot_elems + if inplace { 0 } else { (head_dim - rd) / 4 },
+        )
+    } else {
+        (half_rot, if inplace { half_rot } else { head_dim / 2 })
+    };
+    let chunks = heads.div_ceil(HEADS_PER_THREAD);
     let name = format!(
-        "rope_{}_{}_{}{}{}",
+        "rope_{}_{}_{}{}{}{}",
         if interleaved {
             "interleaved"
         } else {
@@ -145,6 +158,7 @@ pub fn rope(
         },
         x.dtype.wgsl(),
         out.dtype.wgsl(),
+        if vec4 { "_v4" } else { "" },
         if inplace { "_inplace" } else { "" },
         if opts.freq_factors.is_some() {
             "_factors"
@@ -165,13 +179,14 @@ pub fn rope(
         .define("FACTORS", u8::from(opts.freq_factors.is_some()))
         .define("ACC_X", input_access(x, &[out]))
         .define("ACC_POS", input_access(positions, &[out]))
-        .define("HPT", HEADS_PER_THREAD);
+        .define("HPT", HEADS_PER_THREAD)
+        .define("VEC4", u8::from(vec4));
     if let Some(f) = opts.freq_factors {
         tensors.push(f);
     }
     let kernel = gpu.kernel(&spec)?;
-    let threads = tokens * chunks * pairs;
-    let moved = tokens * heads * 2 * pairs;
+    let threads = tokens * chunks * slots;
+    let moved = tokens * heads * if inplace { rd } else { head_dim };
     gpu.dispatch(
         &kernel,
         &[
@@ -179,8 +194,9 @@ pub fn rope(
             heads as u32,
             head_dim as u32,
             half_rot as u32,
-            pairs as u32,
+            slots as u32,
             chunks as u32,
+            rot_slots as u32,
         ],
         &tensors,
         grid(

@@ -19,7 +19,13 @@ pub struct ConvShape {
 
 /// `out[n, o, ho, wo] = bias[o] + residual[...] + sum x[n, c, ho*s - p + i, wo*s - p + j] w[o, c, i, j]`
 /// with row-major OIHW `w`; zero outside the input. Returns `[N, O, Ho, Wo]` in f64.
-pub fn conv2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, g: ConvShape) -> Vec<f64> {
+pub fn conv2d(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    g: ConvShape,
+) -> Vec<f64> {
     let [n, c, h, wd] = g.x;
     let mut out = vec![0.0f64; n * g.o * g.ho * g.wo];
     for ni in 0..n {
@@ -38,7 +44,8 @@ pub fn conv2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, residual: Option<&[f32
                                 if wi < 0 || wi >= wd as isize {
                                     continue;
                                 }
-                                let xv = x[((ni * c + ci) * h + hi as usize) * wd + wi as usize] as f64;
+                                let xv =
+                                    x[((ni * c + ci) * h + hi as usize) * wd + wi as usize] as f64;
                                 let wv = w[((oi * c + ci) * g.kh + i) * g.kw + j] as f64;
                                 acc += xv * wv;
                             }

@@ -15,11 +15,26 @@ pub fn upsample_nearest2x(x: &[f32], nc: usize, h: usize, w: usize) -> Vec<f64> 
 
 /// Concatenation of `[N, Ca, ...]` and `[N, Cb, ...]` along dimension 1; `inner` is the product of the
 /// dimensions after the channels.
-pub fn concat_channels(a: &[f32], b: &[f32], n: usize, ca: usize, cb: usize, inner: usize) -> Vec<f64> {
+pub fn concat_channels(
+    a: &[f32],
+    b: &[f32],
+    n: usize,
+    ca: usize,
+    cb: usize,
+    inner: usize,
+) -> Vec<f64> {
     let mut out = Vec::with_capacity(n * (ca + cb) * inner);
     for i in 0..n {
-        out.extend(a[i * ca * inner..(i + 1) * ca * inner].iter().map(|&v| v as f64));
-        out.extend(b[i * cb * inner..(i + 1) * cb * inner].iter().map(|&v| v as f64));
+        out.extend(
+            a[i * ca * inner..(i + 1) * ca * inner]
+                .iter()
+                .map(|&v| v as f64),
+        );
+        out.extend(
+            b[i * cb * inner..(i + 1) * cb * inner]
+                .iter()
+                .map(|&v| v as f64),
+        );
     }
     out
 }
@@ -53,10 +68,19 @@ mod tests {
 
     #[test]
     fn small_cases() {
-        assert_eq!(upsample_nearest2x(&[1.0, 2.0], 1, 1, 2), vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0]);
-        assert_eq!(concat_channels(&[1.0, 2.0], &[3.0], 1, 2, 1, 1), vec![1.0, 2.0, 3.0]);
+        assert_eq!(
+            upsample_nearest2x(&[1.0, 2.0], 1, 1, 2),
+            vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0]
+        );
+        assert_eq!(
+            concat_channels(&[1.0, 2.0], &[3.0], 1, 2, 1, 1),
+            vec![1.0, 2.0, 3.0]
+        );
         // [2, 3] transposed.
         let x = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
-        assert_eq!(permute(&x, &[2, 3], &[1, 0]), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert_eq!(
+            permute(&x, &[2, 3], &[1, 0]),
+            vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+        );
     }
 }

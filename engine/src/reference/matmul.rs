@@ -25,7 +25,11 @@ pub fn matmul(a: &[f32], b: &[f32], bias: Option<&[f32]>, s: MatmulShape) -> Vec
             for j in 0..n {
                 let mut acc = bias.map_or(0.0, |v| v[j] as f64);
                 for kk in 0..k {
-                    let bv = if s.transpose_b { b[b0 + j * k + kk] } else { b[b0 + kk * n + j] };
+                    let bv = if s.transpose_b {
+                        b[b0 + j * k + kk]
+                    } else {
+                        b[b0 + kk * n + j]
+                    };
                     acc += a[a0 + i * k + kk] as f64 * bv as f64;
                 }
                 out[(bt * m + i) * n + j] = acc;
@@ -36,7 +40,14 @@ pub fn matmul(a: &[f32], b: &[f32], bias: Option<&[f32]>, s: MatmulShape) -> Vec
 }
 
 /// `out[b, r] = sum_k w[r, k] * x[b, k] + bias[r]` with `w`: `[N, K]`, `x`: `[batch, K]`.
-pub fn matvec(w: &[f32], x: &[f32], bias: Option<&[f32]>, batch: usize, n: usize, k: usize) -> Vec<f64> {
+pub fn matvec(
+    w: &[f32],
+    x: &[f32],
+    bias: Option<&[f32]>,
+    batch: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f64> {
     let mut out = vec![0.0; batch * n];
     for b in 0..batch {
         for r in 0..n {
@@ -66,10 +77,22 @@ mod tests {
             batched_b: false,
         };
         let a = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(matmul(&a, &[5.0, 6.0, 7.0, 8.0], None, s), vec![19.0, 22.0, 43.0, 50.0]);
-        let t = MatmulShape { transpose_b: true, ..s };
+        assert_eq!(
+            matmul(&a, &[5.0, 6.0, 7.0, 8.0], None, s),
+            vec![19.0, 22.0, 43.0, 50.0]
+        );
+        let t = MatmulShape {
+            transpose_b: true,
+            ..s
+        };
         let bias = [1.0, -1.0];
-        assert_eq!(matmul(&a, &[5.0, 7.0, 6.0, 8.0], Some(&bias), t), vec![20.0, 21.0, 44.0, 49.0]);
-        assert_eq!(matvec(&a, &[1.0, -1.0], Some(&bias), 1, 2, 2), vec![0.0, -2.0]);
+        assert_eq!(
+            matmul(&a, &[5.0, 7.0, 6.0, 8.0], Some(&bias), t),
+            vec![20.0, 21.0, 44.0, 49.0]
+        );
+        assert_eq!(
+            matvec(&a, &[1.0, -1.0], Some(&bias), 1, 2, 2),
+            vec![0.0, -2.0]
+        );
     }
 }

@@ -7,5 +7,6 @@ pub mod elementwise;
 pub mod layout;
 pub mod matmul;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod softmax;

@@ -98,7 +98,13 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         Case::new(2, 19, 77, 2, 2, 40, false),
         Case::new(2, 19, 77, 2, 2, 40, false).variant(Decode),
         // Decode: one dispatch sequence, kv_len growing; K/V capacity 1024, NaN past kv_len.
-        Case::new(1, 1, 1024, 8, 2, 64, true).steps(&[(1, 0), (5, 4), (300, 299), (1000, 999)]),
+        Case::new(1, 1, 1024, 8, 2, 64, true).steps(&[
+            (1, 0),
+            (5, 4),
+            (300, 299),
+            (1000, 999),
+            (0, 0),
+        ]),
         // Few splits: each split walks many tiles.
         Case {
             splits: Some(3),
@@ -106,7 +112,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         },
         Case::new(1, 1, 1024, 8, 2, 64, true)
             .variant(Prefill)
-            .steps(&[(300, 299), (2, 1)]),
+            .steps(&[(300, 299), (2, 1), (0, 0)]),
         // Prefill continuing after a 20-token cache prefix (both variants).
         Case::new(1, 7, 40, 4, 2, 64, true).steps(&[(27, 20)]),
         Case::new(1, 7, 40, 4, 2, 64, true)
@@ -153,6 +159,10 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         cases.push(Case {
             subgroups: Some(false),
             ..Case::new(2, 19, 77, 2, 2, 40, false)
+        });
+        cases.push(Case {
+            subgroups: Some(false),
+            ..Case::new(1, 1, 1024, 8, 2, 64, true).steps(&[(300, 299)])
         });
     }
     if f16 {
@@ -220,6 +230,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         variant: c.variant,
         subgroups: c.subgroups,
         splits: c.splits,
+        prefill_tile: None,
     };
     let mut prog = Program::new();
     prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);

@@ -6,7 +6,9 @@ use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
-use crate::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_weight_bytes};
+use crate::kernels::conv::{
+    Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan, conv2d_weight_bytes,
+};
 use crate::memory::Category;
 use crate::reference::conv::{self as r, ConvShape};
 use crate::tensor::{DType, Layout, Tensor};
@@ -30,6 +32,7 @@ pub struct ConvCase {
     /// Element offsets of the x, w, out (and residual) views in their buffers.
     pub offsets: [usize; 3],
     pub variant: Conv2dVariant,
+    pub split_k: Option<usize>,
 }
 
 impl ConvCase {
@@ -47,7 +50,8 @@ impl ConvCase {
             residual: false,
             layout: Layout::Transposed,
             offsets: [0; 3],
-            variant: Conv2dVariant::Tile64,
+            variant: Conv2dVariant::P64C4,
+            split_k: Some(1),
         }
     }
 }
@@ -56,60 +60,245 @@ impl ConvCase {
 pub fn cases(gpu: &Gpu) -> Vec<ConvCase> {
     let c = ConvCase::new;
     let mut v = vec![
-        ConvCase { bias: true, ..c([2, 5, 9, 11], 7, 3, 1, 1) },
-        ConvCase { residual: true, layout: Layout::RowMajor, ..c([2, 5, 9, 11], 7, 3, 1, 1) },
-        ConvCase { bias: true, residual: true, ..c([1, 8, 16, 16], 16, 3, 2, 1) },
-        ConvCase { bias: true, ..c([2, 8, 15, 15], 16, 3, 2, 1) },
-        ConvCase { bias: true, ..c([2, 13, 8, 8], 6, 1, 1, 0) },
-        ConvCase { residual: true, ..c([1, 13, 7, 5], 6, 1, 1, 0) },
-        ConvCase { bias: true, ..c([1, 4, 7, 10], 8, 3, 1, 0) },
+        ConvCase {
+            bias: true,
+            ..c([2, 5, 9, 11], 7, 3, 1, 1)
+        },
+        ConvCase {
+            residual: true,
+            layout: Layout::RowMajor,
+            ..c([2, 5, 9, 11], 7, 3, 1, 1)
+        },
+        ConvCase {
+            bias: true,
+            residual: true,
+            ..c([1, 8, 16, 16], 16, 3, 2, 1)
+        },
+        ConvCase {
+            bias: true,
+            ..c([2, 8, 15, 15], 16, 3, 2, 1)
+        },
+        ConvCase {
+            bias: true,
+            ..c([2, 13, 8, 8], 6, 1, 1, 0)
+        },
+        ConvCase {
+            residual: true,
+            ..c([1, 13, 7, 5], 6, 1, 1, 0)
+        },
+        ConvCase {
+            bias: true,
+            ..c([1, 4, 7, 10], 8, 3, 1, 0)
+        },
         // Channels not a multiple of the 64-channel tile or the 16-deep K step; two channel tiles.
-        ConvCase { bias: true, residual: true, ..c([1, 19, 6, 7], 70, 3, 1, 1) },
+        ConvCase {
+            bias: true,
+            residual: true,
+            ..c([1, 19, 6, 7], 70, 3, 1, 1)
+        },
+        // 7x7 (49 taps): the per-tap bounds test instead of the 32-bit tap mask.
+        ConvCase {
+            bias: true,
+            ..c([1, 2, 9, 10], 5, 7, 1, 3)
+        },
         // SD's VAE encoder downsample: pad (0, 1), stride 2.
-        ConvCase { pad_end: Some(1), bias: true, ..c([1, 6, 8, 8], 8, 3, 2, 0) },
+        ConvCase {
+            pad_end: Some(1),
+            bias: true,
+            ..c([1, 6, 8, 8], 8, 3, 2, 0)
+        },
         // Every operand at an odd offset: scalar paths.
-        ConvCase { bias: true, residual: true, offsets: [3, 2, 1], ..c([1, 5, 6, 8], 12, 3, 1, 1) },
-        ConvCase { offsets: [3, 5, 7], layout: Layout::RowMajor, ..c([1, 6, 4, 4], 8, 1, 1, 0) },
+        ConvCase {
+            bias: true,
+            residual: true,
+            offsets: [3, 2, 1],
+            ..c([1, 5, 6, 8], 12, 3, 1, 1)
+        },
+        ConvCase {
+            offsets: [3, 5, 7],
+            layout: Layout::RowMajor,
+            ..c([1, 6, 4, 4], 8, 1, 1, 0)
+        },
         // Aligned non-zero offsets keep the vec4 paths.
-        ConvCase { bias: true, residual: true, offsets: [4, 8, 12], ..c([1, 8, 4, 4], 8, 1, 1, 0) },
+        ConvCase {
+            bias: true,
+            residual: true,
+            offsets: [4, 8, 12],
+            ..c([1, 40, 4, 4], 8, 1, 1, 0)
+        },
     ];
     if gpu.caps.f16 {
         v.extend([
             // f16 weights, f32 activations.
-            ConvCase { wdt: DType::F16, bias: true, ..c([2, 5, 9, 11], 12, 3, 1, 1) },
-            ConvCase { wdt: DType::F16, residual: true, layout: Layout::RowMajor, ..c([1, 7, 8, 6], 5, 3, 2, 1) },
+            ConvCase {
+                wdt: DType::F16,
+                bias: true,
+                ..c([2, 5, 9, 11], 12, 3, 1, 1)
+            },
+            ConvCase {
+                wdt: DType::F16,
+                residual: true,
+                layout: Layout::RowMajor,
+                ..c([1, 7, 8, 6], 5, 3, 2, 1)
+            },
             // All f16.
-            ConvCase { xdt: DType::F16, wdt: DType::F16, bias: true, residual: true, ..c([2, 6, 10, 10], 20, 3, 1, 1) },
-            ConvCase { xdt: DType::F16, wdt: DType::F16, bias: true, ..c([1, 16, 8, 4], 8, 1, 1, 0) },
-            ConvCase { xdt: DType::F16, wdt: DType::F16, residual: true, offsets: [1, 3, 5], ..c([1, 9, 5, 7], 6, 3, 2, 1) },
-            ConvCase { xdt: DType::F16, wdt: DType::F32, bias: true, ..c([1, 3, 9, 9], 4, 3, 1, 1) },
+            ConvCase {
+                xdt: DType::F16,
+                wdt: DType::F16,
+                bias: true,
+                residual: true,
+                ..c([2, 6, 10, 10], 20, 3, 1, 1)
+            },
+            ConvCase {
+                xdt: DType::F16,
+                wdt: DType::F16,
+                bias: true,
+                ..c([1, 16, 8, 4], 8, 1, 1, 0)
+            },
+            ConvCase {
+                xdt: DType::F16,
+                wdt: DType::F16,
+                residual: true,
+                offsets: [1, 3, 5],
+                ..c([1, 9, 5, 7], 6, 3, 2, 1)
+            },
+            ConvCase {
+                xdt: DType::F16,
+                wdt: DType::F32,
+                bias: true,
+                ..c([1, 3, 9, 9], 4, 3, 1, 1)
+            },
         ]);
     }
-    // Both tile variants on every case.
-    v.iter()
-        .flat_map(|&c| [c, ConvCase { variant: Conv2dVariant::Tile128, ..c }])
-        .collect()
+    // Every tile variant on every case, then split-K (f32 scratch + reduction) on some.
+    let mut all: Vec<ConvCase> = v
+        .iter()
+        .flat_map(|&c| Conv2dVariant::ALL.map(|variant| ConvCase { variant, ..c }))
+        .collect();
+    for (i, split) in [(0, 2), (2, 3), (7, 5), (8, 3), (10, 2), (12, 3)] {
+        all.push(ConvCase {
+            split_k: Some(split),
+            variant: Conv2dVariant::ALL[i % 4],
+            ..v[i]
+        });
+    }
+    if gpu.caps.f16 {
+        for (i, split) in [(15, 3), (17, 2), (18, 2)] {
+            all.push(ConvCase {
+                split_k: Some(split),
+                variant: Conv2dVariant::ALL[i % 4],
+                ..v[i]
+            });
+        }
+    }
+    all
 }
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
-    cases(gpu).into_iter().map(|c| check_conv(gpu, rng, c)).collect()
+    let mut out = cases(gpu)
+        .into_iter()
+        .map(|c| check_conv(gpu, rng, c))
+        .collect::<Result<Vec<_>>>()?;
+    out.push(check_rejects(gpu)?);
+    Ok(out)
+}
+
+/// The builder refuses mismatched shapes, dtypes and layouts with an error (no panic, no dispatch).
+pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
+    let t = |shape: &[usize], dtype| gpu.tensor("t", shape, dtype, Category::Activations);
+    let x = t(&[1, 4, 6, 6], DType::F32)?;
+    let w = t(&[8, 4, 3, 3], DType::F32)?;
+    let out = t(&[1, 8, 6, 6], DType::F32)?;
+    let pad1 = Conv2dOptions {
+        padding: 1,
+        ..Default::default()
+    };
+    let mut blocks = w.clone();
+    blocks.layout = Layout::Blocks;
+    let bad = [
+        // Wrong output size for padding 0, wrong channel count, wrong bias, wrong residual, bad layout,
+        // u32 input, a kernel larger than the padded input.
+        conv2d(gpu, &x, &w, None, &out, &Conv2dOptions::default()).is_err(),
+        conv2d(gpu, &x, &t(&[8, 5, 3, 3], DType::F32)?, None, &out, &pad1).is_err(),
+        conv2d(gpu, &x, &w, Some(&t(&[7], DType::F32)?), &out, &pad1).is_err(),
+        conv2d(
+            gpu,
+            &x,
+            &w,
+            None,
+            &out,
+            &Conv2dOptions {
+                residual: Some(&x),
+                ..pad1
+            },
+        )
+        .is_err(),
+        conv2d(gpu, &x, &blocks, None, &out, &pad1).is_err(),
+        conv2d(gpu, &t(&[1, 4, 6, 6], DType::U32)?, &w, None, &out, &pad1).is_err(),
+        conv2d(
+            gpu,
+            &t(&[1, 4, 2, 2], DType::F32)?,
+            &w,
+            None,
+            &t(&[1, 8, 0, 0], DType::F32)?,
+            &Conv2dOptions::default(),
+        )
+        .is_err(),
+    ];
+    let ok = conv2d(gpu, &x, &w, None, &out, &pad1).is_ok();
+    let failed: Vec<usize> = bad
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !**r)
+        .map(|(i, _)| i)
+        .collect();
+    Ok(Check {
+        name: "conv2d rejects bad shapes, dtypes and layouts".into(),
+        passed: failed.is_empty() && ok,
+        worst_ratio: 0.0,
+        max_abs_err: 0.0,
+        atol: 0.0,
+        rtol: 0.0,
+        detail: if failed.is_empty() && ok {
+            String::new()
+        } else {
+            format!("accepted cases {failed:?}, valid ok: {ok}")
+        },
+    })
 }
 
 fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
     match dtype {
-        DType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
         _ => bytemuck::cast_slice(values).to_vec(),
     }
 }
 
 /// A tensor of `shape` holding `bytes`, placed `offset` elements into a larger buffer of junk.
-fn placed(gpu: &Gpu, shape: &[usize], dtype: DType, layout: Layout, bytes: &[u8], offset: usize) -> Result<Tensor> {
+fn placed(
+    gpu: &Gpu,
+    shape: &[usize],
+    dtype: DType,
+    layout: Layout,
+    bytes: &[u8],
+    offset: usize,
+) -> Result<Tensor> {
     let eb = dtype.block_bytes();
     let n: usize = shape.iter().product();
     let mut all = encode(&vec![1e4; offset], dtype);
     all.extend_from_slice(bytes);
     all.resize((offset + n) * eb, 0);
-    let base = gpu.tensor_from_bytes("conv operand", &[offset + n], dtype, layout, &all, Category::Activations)?;
+    let base = gpu.tensor_from_bytes(
+        "conv operand",
+        &[offset + n],
+        dtype,
+        layout,
+        &all,
+        Category::Activations,
+    )?;
     let mut t = base.view(offset, shape)?;
     t.layout = layout;
     Ok(t)
@@ -119,8 +308,18 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
     let [n, ch, h, w] = c.x;
     let (ho, wo) = conv2d_output_size((h, w), (c.k, c.k), c.stride, c.pad, c.pad_end)
         .ok_or_else(|| crate::shape_err!("bad test case {c:?}"))?;
-    let g = ConvShape { x: c.x, o: c.o, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad, ho, wo };
+    let g = ConvShape {
+        x: c.x,
+        o: c.o,
+        kh: c.k,
+        kw: c.k,
+        stride: c.stride,
+        pad: c.pad,
+        ho,
+        wo,
+    };
     let out_shape = [n, c.o, ho, wo];
+    let plan = conv2d_plan(n * ho * wo, c.o, ch * c.k * c.k, c.variant, c.split_k);
     let out_n = n * c.o * ho * wo;
     let kred = ch * c.k * c.k;
 
@@ -133,9 +332,20 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
     let wshape = [c.o, ch, c.k, c.k];
     let wbytes = conv2d_weight_bytes(&encode(&wv, c.wdt), &wshape, c.wdt, c.layout)?;
     let wt = placed(gpu, &wshape, c.wdt, c.layout, &wbytes, wofs)?;
-    let bias = if c.bias { Some(gpu.tensor_from_f32("bias", &[c.o], c.wdt, &bv, Category::Weights)?) } else { None };
+    let bias = if c.bias {
+        Some(gpu.tensor_from_f32("bias", &[c.o], c.wdt, &bv, Category::Weights)?)
+    } else {
+        None
+    };
     let res = if c.residual {
-        Some(placed(gpu, &out_shape, c.xdt, Layout::RowMajor, &encode(&rv, c.xdt), oo + 4)?)
+        Some(placed(
+            gpu,
+            &out_shape,
+            c.xdt,
+            Layout::RowMajor,
+            &encode(&rv, c.xdt),
+            oo + 4,
+        )?)
     } else {
         None
     };
@@ -150,17 +360,24 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
         padding_end: c.pad_end,
         residual: res.as_ref(),
         variant: c.variant,
+        split_k: c.split_k,
     };
     let mut prog = Program::new();
-    prog.push(conv2d(gpu, &x, &wt, bias.as_ref(), &out, &opts)?);
+    prog.extend(conv2d(gpu, &x, &wt, bias.as_ref(), &out, &opts)?);
     prog.run(gpu)?;
     let all = gpu.read_f32(&out_base)?;
 
-    let want = r::conv2d(&xv, &wv, c.bias.then_some(&bv[..]), c.residual.then_some(&rv[..]), g);
+    let want = r::conv2d(
+        &xv,
+        &wv,
+        c.bias.then_some(&bv[..]),
+        c.residual.then_some(&rv[..]),
+        g,
+    );
     // f32 accumulation over K terms of |x w| <= 1: rounding grows like sqrt(K) ulps of the partial sums.
     let atol = 1e-6 * (kred as f64).sqrt() + if c.xdt == DType::F16 { 1e-5 } else { 0.0 };
     let name = format!(
-        "conv2d {}x{} s{} p{}{} x{:?} O{} {:?}/{:?} {:?}{}{} offs{:?} {:?}",
+        "conv2d {}x{} s{} p{}{} x{:?} O{} {:?}/{:?} {:?}{}{} offs{:?} {:?} split {}",
         c.k,
         c.k,
         c.stride,
@@ -174,13 +391,21 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
         if c.bias { " bias" } else { "" },
         if c.residual { " res" } else { "" },
         c.offsets,
-        c.variant
+        plan.0,
+        plan.1
     );
     let mut check = compare(name, &all[oo..oo + out_n], &want, atol, store_rtol(c.xdt));
-    let outside = all[..oo].iter().chain(&all[oo + out_n..]).filter(|v| !v.is_nan()).count();
+    let outside = all[..oo]
+        .iter()
+        .chain(&all[oo + out_n..])
+        .filter(|v| !v.is_nan())
+        .count();
     if outside > 0 {
         check.passed = false;
-        check.detail = format!("{outside} elements written outside the output view; {}", check.detail);
+        check.detail = format!(
+            "{outside} elements written outside the output view; {}",
+            check.detail
+        );
     }
     Ok(check)
 }

@@ -73,6 +73,23 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             separate_buffers: true,
             out_off: 0,
         },
+        // Rows wider than one workgroup's 1024 vectors (scalar and vec4).
+        Case {
+            vocab: 9,
+            dim: 4101,
+            n: 6,
+            shard_rows: Some(4),
+            separate_buffers: false,
+            out_off: 1,
+        },
+        Case {
+            vocab: 7,
+            dim: 4112,
+            n: 5,
+            shard_rows: None,
+            separate_buffers: false,
+            out_off: 0,
+        },
         Case {
             vocab: 300,
             dim: 64,

@@ -6,7 +6,9 @@ use super::{Check, Rng, compare, float_dtypes, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
-use crate::kernels::matmul::{MatmulOptions, MatmulTile, MatmulVariant, coop_available, matmul, matmul_shards};
+use crate::kernels::matmul::{
+    MatmulOptions, MatmulTile, MatmulVariant, coop_available, matmul, matmul_shards,
+};
 use crate::memory::Category;
 use crate::reference::matmul::{self as r, MatmulShape};
 use crate::tensor::{DType, Tensor};
@@ -69,48 +71,105 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         if dtype == DType::F16 && coop_available(&gpu.caps) {
             variants.push((MatmulVariant::Coop, MatmulTile::Auto));
         }
-        let other = if dtype == DType::F32 && gpu.caps.f16 { DType::F16 } else { DType::F32 };
+        let other = if dtype == DType::F32 && gpu.caps.f16 {
+            DType::F16
+        } else {
+            DType::F32
+        };
         for (variant, tile) in variants {
             let c = |batch, m, n, k, t| Case {
                 variant,
                 tile,
                 ..Case::new(batch, m, n, k, t, dtype)
             };
-            // Every access path (scalar / vector per operand, output dtypes) on 64x64 blocks and on
-            // the cooperative kernel; the 128x128 blocks run the same code with R = 8, so they get the
-            // edge, batch, bias and shard cases on the all-scalar and all-vector paths only (each
-            // specialisation costs lavapipe about a second to compile).
-            let mut cases = vec![
+            // Each specialisation (scalar / vector access, bias, output dtype, block size) costs
+            // lavapipe about a second to compile, so the cases are grouped to share a few of them:
+            // all-scalar, all-scalar + bias, all-vector + bias, vector inputs + scalar output of the
+            // other dtype + bias. 128x128 blocks run the same code with R = 8 and get a subset.
+            let scalar = [
                 c(1, 1, 1, 1, false),
-                Case { bias: true, ..c(1, 3, 5, 7, true) },
-                Case { bias: true, ..c(1, 17, 33, 65, false) },
-                c(1, 64, 64, 64, true),
-                c(1, 64, 64, 64, false),
                 c(2, 9, 17, 23, true),
-                Case { batched_b: true, ..c(2, 9, 17, 23, false) },
-                Case { batched_b: true, bias: true, ..c(3, 20, 36, 40, true) },
-                Case { a_offset: 4, out_offset: 8, bias: true, ..c(1, 33, 36, 48, false) },
-                Case { shard_bytes: Some(4096), bias: true, ..c(1, 19, 100, 40, true) },
+                Case {
+                    batched_b: true,
+                    ..c(2, 9, 17, 23, false)
+                },
             ];
-            if tile != MatmulTile::T128 {
-                cases.extend([
-                    Case { bias: true, out_dtype: other, ..c(1, 70, 130, 96, true) },
-                    c(1, 70, 130, 96, false),
-                    // Odd offsets force scalar access to a and out; b keeps the vector path.
-                    Case { a_offset: 3, out_offset: 1, ..c(1, 17, 32, 64, true) },
-                ]);
+            let scalar_bias = [
+                Case {
+                    bias: true,
+                    ..c(1, 3, 5, 7, true)
+                },
+                Case {
+                    bias: true,
+                    ..c(1, 17, 33, 65, false)
+                },
+                // Views at odd offsets keep a and out on the scalar path.
+                Case {
+                    bias: true,
+                    a_offset: 3,
+                    out_offset: 1,
+                    ..c(1, 70, 130, 96, false)
+                },
+            ];
+            let vector_bias = [
+                Case {
+                    bias: true,
+                    ..c(1, 64, 64, 64, true)
+                },
+                Case {
+                    bias: true,
+                    ..c(1, 64, 64, 64, false)
+                },
+                Case {
+                    batched_b: true,
+                    bias: true,
+                    ..c(3, 20, 36, 40, true)
+                },
+                Case {
+                    a_offset: 4,
+                    out_offset: 8,
+                    bias: true,
+                    ..c(1, 33, 36, 48, false)
+                },
+                Case {
+                    shard_bytes: Some(4096),
+                    bias: true,
+                    ..c(1, 19, 100, 40, true)
+                },
+            ];
+            let mixed = [Case {
+                bias: true,
+                out_dtype: other,
+                ..c(1, 70, 130, 96, true)
+            }];
+            let mut cases: Vec<Case> = Vec::new();
+            match (tile, dtype) {
+                (MatmulTile::T128, DType::F32) => cases.extend(scalar.iter().chain(&vector_bias)),
+                (MatmulTile::T128, _) => cases.extend(vector_bias),
+                _ => cases.extend(
+                    scalar
+                        .iter()
+                        .chain(&scalar_bias)
+                        .chain(&vector_bias)
+                        .chain(&mixed),
+                ),
             }
             for case in cases {
-                let t0 = std::time::Instant::now();
                 out.push(check(gpu, rng, &case)?);
-                eprintln!("TIME {:?} {:?}", t0.elapsed(), case);
             }
         }
     }
     Ok(out)
 }
 
-fn tensor_at(gpu: &Gpu, label: &str, values: &[f32], offset: usize, shape: &[usize], dtype: DType) -> Result<Tensor> {
+fn tensor_at(
+    gpu: &Gpu,
+    label: &str,
+    values: &[f32],
+    offset: usize,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let t = gpu.tensor_from_f32(label, &[offset + n], dtype, values, Category::Activations)?;
     t.view(offset, shape)
@@ -125,10 +184,19 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
 
     let a = tensor_at(gpu, "a", &av, c.a_offset, &[batch, m, k], c.dtype)?;
     let b_mat = if c.transpose_b { [n, k] } else { [k, n] };
-    let b_shape: Vec<usize> = if c.batched_b { vec![batch, b_mat[0], b_mat[1]] } else { b_mat.to_vec() };
+    let b_shape: Vec<usize> = if c.batched_b {
+        vec![batch, b_mat[0], b_mat[1]]
+    } else {
+        b_mat.to_vec()
+    };
     let b = gpu.tensor_from_f32("b", &b_shape, c.dtype, &bv, Category::Weights)?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bias_v, Category::Weights)?;
-    let o_full = gpu.tensor("out", &[c.out_offset + batch * m * n], c.out_dtype, Category::Activations)?;
+    let o_full = gpu.tensor(
+        "out",
+        &[c.out_offset + batch * m * n],
+        c.out_dtype,
+        Category::Activations,
+    )?;
     gpu.poison(&o_full)?;
     let o = o_full.view(c.out_offset, &[batch, m, n])?;
 
@@ -172,6 +240,11 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         name += &format!(" {dispatches} shards");
     }
     // Tensor cores may add products in a different order and with truncation: allow 4x more.
-    let atol = dot_atol(k) * if c.variant == MatmulVariant::Coop { 4.0 } else { 1.0 };
+    let atol = dot_atol(k)
+        * if c.variant == MatmulVariant::Coop {
+            4.0
+        } else {
+            1.0
+        };
     Ok(compare(name, &got, &want, atol, store_rtol(c.out_dtype)))
 }

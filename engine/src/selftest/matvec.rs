@@ -58,21 +58,51 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 c(1, 7, 1),
                 c(3, 64, 3),
                 c(1, 1, 4),
-                Case { bias: true, ..c(1, 257, 130) },
-                Case { bias: true, ..c(3, 64, 1000) },
+                Case {
+                    bias: true,
+                    ..c(1, 257, 130)
+                },
+                Case {
+                    bias: true,
+                    ..c(3, 64, 1000)
+                },
                 c(1, 257, 256),
                 c(3, 7, 1000),
                 c(8, 9, 40),
                 // Views: an odd weight offset forces scalar loads; multiples of 8 keep vector loads.
-                Case { w_offset: 1, x_offset: 2, ..c(1, 64, 256) },
-                Case { w_offset: 8, x_offset: 4, bias: true, ..c(3, 33, 64) },
+                Case {
+                    w_offset: 1,
+                    x_offset: 2,
+                    ..c(1, 64, 256)
+                },
+                Case {
+                    w_offset: 8,
+                    x_offset: 4,
+                    bias: true,
+                    ..c(3, 33, 64)
+                },
                 // Row shards: 1000 halves/floats per row, shards of a few rows each.
-                Case { max_shard_bytes: Some(16384), bias: true, ..c(3, 57, 1000) },
-                Case { max_shard_bytes: Some(2048), ..c(1, 31, 130) },
+                Case {
+                    max_shard_bytes: Some(16384),
+                    bias: true,
+                    ..c(3, 57, 1000)
+                },
+                Case {
+                    max_shard_bytes: Some(2048),
+                    ..c(1, 31, 130)
+                },
             ];
             if gpu.caps.f16 {
-                cases.push(Case { x_dtype: DType::F16, out_dtype: DType::F16, bias: true, ..c(1, 129, 520) });
-                cases.push(Case { out_dtype: DType::F16, ..c(3, 64, 3) });
+                cases.push(Case {
+                    x_dtype: DType::F16,
+                    out_dtype: DType::F16,
+                    bias: true,
+                    ..c(1, 129, 520)
+                });
+                cases.push(Case {
+                    out_dtype: DType::F16,
+                    ..c(3, 64, 3)
+                });
             }
             for case in cases {
                 out.push(check(gpu, rng, &case)?);
@@ -87,9 +117,21 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     let wv = random(rng, c.w_offset + n * k, -1.0, 1.0, c.w_dtype);
     let xv = random(rng, c.x_offset + batch * k, -1.0, 1.0, c.x_dtype);
     let bv = random(rng, n, -1.0, 1.0, c.out_dtype);
-    let w_full = gpu.tensor_from_f32("w", &[c.w_offset + n * k], c.w_dtype, &wv, Category::Weights)?;
+    let w_full = gpu.tensor_from_f32(
+        "w",
+        &[c.w_offset + n * k],
+        c.w_dtype,
+        &wv,
+        Category::Weights,
+    )?;
     let w = w_full.view(c.w_offset, &[n, k])?;
-    let x_full = gpu.tensor_from_f32("x", &[c.x_offset + batch * k], c.x_dtype, &xv, Category::Activations)?;
+    let x_full = gpu.tensor_from_f32(
+        "x",
+        &[c.x_offset + batch * k],
+        c.x_dtype,
+        &xv,
+        Category::Activations,
+    )?;
     let x = x_full.view(c.x_offset, &[batch, k])?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
     let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
@@ -103,7 +145,14 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     prog.extend(matvec(gpu, &w, &x, &o, &opts)?);
     let dispatches = prog.len();
     prog.run(gpu)?;
-    let want = r::matvec(&wv[c.w_offset..], &xv[c.x_offset..], c.bias.then_some(&bv[..]), batch, n, k);
+    let want = r::matvec(
+        &wv[c.w_offset..],
+        &xv[c.x_offset..],
+        c.bias.then_some(&bv[..]),
+        batch,
+        n,
+        k,
+    );
     let mut name = format!(
         "matvec {:?} {batch}x[{n}, {k}]{} w {:?} x {:?} out {:?}",
         c.variant,
@@ -118,5 +167,11 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     if c.max_shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
     }
-    Ok(compare(name, &gpu.read_f32(&o)?, &want, dot_atol(k), store_rtol(c.out_dtype)))
+    Ok(compare(
+        name,
+        &gpu.read_f32(&o)?,
+        &want,
+        dot_atol(k),
+        store_rtol(c.out_dtype),
+    ))
 }

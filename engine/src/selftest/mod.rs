@@ -10,6 +10,7 @@ pub mod layout;
 pub mod matmul;
 pub mod matvec;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod softmax;
 
@@ -140,5 +141,6 @@ pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     all.extend(conv::checks(gpu, rng)?);
     all.extend(embedding::checks(gpu, rng)?);
     all.extend(layout::checks(gpu, rng)?);
+    all.extend(quant::checks(gpu, rng)?);
     Ok(all)
 }

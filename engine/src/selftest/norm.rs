@@ -146,6 +146,52 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             Out::Own(0),
         )?);
     }
+    // Rows too long to hold in registers (streamed twice): vec4 and scalar.
+    let (f32_, wg) = (DType::F32, RowVariant::Workgroup);
+    out.push(check_rms(
+        gpu,
+        rng,
+        &[1, 66001],
+        f32_,
+        f32_,
+        RowVariant::Auto,
+        0,
+        Out::Own(0),
+    )?);
+    out.push(check_rms(
+        gpu,
+        rng,
+        &[2, 65600],
+        f32_,
+        f32_,
+        wg,
+        0,
+        Out::Own(0),
+    )?);
+    let dts = [f32_; 5];
+    out.extend(check_add(
+        gpu,
+        rng,
+        &[1, 70003],
+        dts,
+        RowVariant::Auto,
+        0,
+        false,
+    )?);
+    let affine = (true, true);
+    let shape = [2, 65600];
+    out.push(check_ln(
+        gpu,
+        rng,
+        &shape,
+        f32_,
+        f32_,
+        affine,
+        3.0,
+        wg,
+        0,
+        Out::Own(0),
+    )?);
     if gpu.caps.f16 {
         // Mixed: f16 stream, f32 residual and sum, f16 normalised output.
         let dts = [DType::F16, DType::F32, DType::F16, DType::F32, DType::F16];
@@ -233,6 +279,20 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             true,
             None,
             0,
+            Out::Own(0),
+        )?);
+        // Large enough for the 4-load steps on the scalar (odd spatial size) path.
+        let shape = [1, 32, 33, 33];
+        out.push(check_gn(
+            gpu,
+            rng,
+            &shape,
+            8,
+            dtype,
+            wt,
+            false,
+            Some(2),
+            1,
             Out::Own(0),
         )?);
     }

@@ -40,6 +40,27 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     inplace: false,
                     x_off: 0,
                 },
+                // vec4 slots with a copied tail, and in place with an untouched tail.
+                Case {
+                    shape: [3, 5, 48],
+                    rotary_dim: 24,
+                    style,
+                    theta: 10000.0,
+                    factors: true,
+                    freq_scale: 1.0,
+                    inplace: false,
+                    x_off: 4,
+                },
+                Case {
+                    shape: [4, 3, 32],
+                    rotary_dim: 16,
+                    style,
+                    theta: 10000.0,
+                    factors: false,
+                    freq_scale: 1.0,
+                    inplace: true,
+                    x_off: 0,
+                },
                 Case {
                     shape: [5, 6, 48],
                     rotary_dim: 32,
@@ -136,11 +157,13 @@ fn check_mixed(gpu: &Gpu, rng: &mut Rng, c: &Case, tx: DType, to: DType) -> Resu
         .collect();
     let (ff, _) = tensor_at(gpu, "factors", &[fv.len()], DType::F32, &fv, 1)?;
     let shape = c.shape.to_vec();
+    let o_off = if c.x_off.is_multiple_of(4) { 4 } else { 2 };
     let (x, _) = tensor_at(gpu, "x", &shape, tx, &xv, c.x_off)?;
     let (o, ob) = if c.inplace {
         (x.clone(), None)
     } else {
-        let (o, b) = output_at(gpu, "out", &shape, to, 2)?;
+        // Aligned (vec4 path) when x is, else not.
+        let (o, b) = output_at(gpu, "out", &shape, to, o_off)?;
         (o, Some(b))
     };
     let opts = RopeOptions {
@@ -174,7 +197,7 @@ fn check_mixed(gpu: &Gpu, rng: &mut Rng, c: &Case, tx: DType, to: DType) -> Resu
         _ => (5e-6, 1e-5),
     };
     let untouched = match &ob {
-        Some(b) => outside_untouched(gpu, b, 2, numel)?,
+        Some(b) => outside_untouched(gpu, b, o_off, numel)?,
         None => true,
     };
     Ok(guard(

@@ -149,6 +149,22 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             });
         }
     }
+    // Rows too long to hold in registers (streamed twice), causal and not, vec4 and scalar.
+    for (shape, causal, variant) in [
+        (vec![2, 70001], None, RowVariant::Auto),
+        (vec![2, 65600], Some((2, 65000)), RowVariant::Workgroup),
+    ] {
+        cases.push(Case {
+            shape,
+            tx: DType::F32,
+            to: DType::F32,
+            variant,
+            scale: 1.0,
+            causal,
+            x_off: 0,
+            out: Out::Own(0),
+        });
+    }
     cases.push(Case {
         shape: vec![3, 2, 100],
         tx: DType::F32,

@@ -33,8 +33,17 @@ fn attention_timing() {
         ("LLM decode 32768 D128", [1, 1, 32768, 32, 8, 128], true, f, h, Auto),
         ("LLM decode 4096 D64", [1, 1, 4096, 32, 8, 64], true, f, h, Auto),
         ("LLM decode 4096 D128 (prefill)", [1, 1, 4096, 32, 8, 128], true, f, h, Prefill),
+        ("MHA decode 4096 D128", [1, 1, 4096, 32, 32, 128], true, f, h, Auto),
     ];
     let filter = std::env::var("DRIFT_ATTN_FILTER").ok();
+    let splits: Option<usize> = std::env::var("DRIFT_ATTN_SPLITS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    // DRIFT_ATTN_TILE=ny,tk
+    let prefill_tile = std::env::var("DRIFT_ATTN_TILE").ok().map(|s| {
+        let v: Vec<usize> = s.split(',').map(|x| x.parse().unwrap()).collect();
+        kernel::PrefillTile { ny: v[0], tk: v[1] }
+    });
     for (name, [b, lq, lkv, hq, hkv, d], causal, qt, kvt, variant) in cases {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
             continue;
@@ -55,9 +64,17 @@ fn attention_timing() {
         let opts = AttentionOptions {
             causal,
             variant,
+            splits,
+            prefill_tile,
             ..Default::default()
         };
-        let ds = kernel::attention(gpu, &q, &k, &v, &o, &step, &opts).unwrap();
+        let ds = match kernel::attention(gpu, &q, &k, &v, &o, &step, &opts) {
+            Ok(ds) => ds,
+            Err(e) => {
+                println!("{name:34} skipped: {e}");
+                continue;
+            }
+        };
         let reps = 20;
         let mut prog = Program::new();
         for _ in 0..reps {
@@ -65,18 +82,30 @@ fn attention_timing() {
         }
         prog.run(gpu).unwrap();
         let profile = prog.run_profiled(gpu, &mut Profiler::new()).unwrap();
-        let mut per: Vec<f64> = profile
-            .dispatches
-            .chunks(ds.len())
-            .map(|c| c.iter().map(|d| d.duration_us).sum())
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let per_kernel: Vec<f64> = (0..ds.len())
+            .map(|i| {
+                median(
+                    profile
+                        .dispatches
+                        .iter()
+                        .skip(i)
+                        .step_by(ds.len())
+                        .map(|d| d.duration_us)
+                        .collect(),
+                )
+            })
             .collect();
-        per.sort_by(f64::total_cmp);
-        let us = per[per.len() / 2];
+        let us: f64 = per_kernel.iter().sum();
         let flops: f64 = ds.iter().map(|d| d.cost.flops).sum();
         let bytes: f64 = ds.iter().map(|d| d.cost.bytes).sum();
         let kernels: Vec<_> = ds
             .iter()
-            .map(|d| format!("{} {:?}", d.name, d.workgroups))
+            .zip(&per_kernel)
+            .map(|(d, t)| format!("{} {:?} {t:.1} us", d.name, d.workgroups))
             .collect();
         println!(
             "{name:34} {us:9.1} us {:7.2} TFLOP/s {:7.0} GB/s  [{}]",

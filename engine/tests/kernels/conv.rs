@@ -1,5 +1,7 @@
 use crate::common::{gpu, run_checks};
-use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size};
+use drift_engine::kernels::conv::{
+    Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan,
+};
 use drift_engine::kernels::layout::{concat_channels, permute, upsample_nearest2x};
 use drift_engine::{Category, DType, Dispatch, Layout, Program, Result};
 
@@ -8,12 +10,13 @@ fn conv_matches_reference() {
     run_checks(drift_engine::selftest::conv::checks);
 }
 
-/// Median wall time per dispatch of `reps` copies of one dispatch in one submit, after a warm-up.
-fn time_us(build: &dyn Fn() -> Result<Dispatch>, reps: usize) -> Result<f64> {
+/// Best wall time per copy of `reps` copies of one dispatch sequence in one submit, after a warm-up
+/// (the best of 5, so clock ramp-up after pipeline compiles does not count).
+fn time_us(build: &dyn Fn() -> Result<Vec<Dispatch>>, reps: usize) -> Result<f64> {
     let g = gpu();
     let mut prog = Program::new();
     for _ in 0..reps {
-        prog.push(build()?);
+        prog.extend(build()?);
     }
     prog.run(g)?;
     let mut times: Vec<f64> = (0..5)
@@ -24,7 +27,7 @@ fn time_us(build: &dyn Fn() -> Result<Dispatch>, reps: usize) -> Result<f64> {
         })
         .collect::<Result<_>>()?;
     times.sort_by(f64::total_cmp);
-    Ok(times[2])
+    Ok(times[0])
 }
 
 /// SD 1.5 UNet/VAE convolutions: `cargo test --release --test kernels conv_bench -- --ignored --nocapture`.
@@ -43,8 +46,9 @@ fn conv_bench() {
         ([1, 512, 64, 64], 512, 3, 1),
         ([1, 128, 512, 512], 128, 3, 1),
     ];
-    for dtype in [DType::F32, DType::F16] {
-        for (x, o, k, s) in shapes {
+    // Sweep variants and splits in f16 (the product's dtype), then Auto in both dtypes.
+    for (x, o, k, s) in shapes {
+        for dtype in [DType::F16, DType::F32] {
             let pad = k / 2;
             let (ho, wo) = conv2d_output_size((x[2], x[3]), (k, k), s, pad, None).unwrap();
             let xt = g.tensor("x", &x, dtype, Category::Activations).unwrap();
@@ -57,21 +61,39 @@ fn conv_bench() {
                 .tensor("out", &[x[0], o, ho, wo], dtype, Category::Activations)
                 .unwrap();
             let flops = 2.0 * (x[0] * ho * wo * o * x[1] * k * k) as f64;
-            let mut line = format!("conv {k}x{k} s{s} x{x:?} O{o} {dtype:?}:");
-            for variant in [Conv2dVariant::Tile64, Conv2dVariant::Tile128] {
+            let tf = |us: f64| flops / us * 1e-6;
+            let run = |variant, split_k| {
                 let opts = Conv2dOptions {
                     stride: s,
                     padding: pad,
                     variant,
+                    split_k,
                     ..Default::default()
                 };
-                let us = time_us(&|| conv2d(g, &xt, &wt, Some(&b), &out, &opts), 10).unwrap();
-                line.push_str(&format!(
-                    " {variant:?} {us:.1} us {:.1} TFLOP/s;",
-                    flops / us * 1e-6
-                ));
+                time_us(&|| conv2d(g, &xt, &wt, Some(&b), &out, &opts), 10).unwrap()
+            };
+            let sweep: &[Conv2dVariant] = if dtype == DType::F16 {
+                &Conv2dVariant::ALL
+            } else {
+                &[]
+            };
+            for &variant in sweep {
+                let mut line = format!("  {variant:?}:");
+                for split in [1, 4, 16] {
+                    line.push_str(&format!(
+                        " split {split} {:.1};",
+                        tf(run(variant, Some(split)))
+                    ));
+                }
+                println!("{line}");
             }
-            println!("{line}");
+            let m = x[0] * ho * wo;
+            let plan = conv2d_plan(m, o, x[1] * k * k, Conv2dVariant::Auto, None);
+            let us = run(Conv2dVariant::Auto, None);
+            println!(
+                "conv {k}x{k} s{s} x{x:?} O{o} {dtype:?}: auto {plan:?} {us:.1} us {:.1} TFLOP/s",
+                tf(us)
+            );
         }
     }
     // Layout ops (bandwidth: bytes read + written).
@@ -79,7 +101,7 @@ fn conv_bench() {
         let eb = if dtype == DType::F16 { 2.0 } else { 4.0 };
         let t = |s: &[usize]| g.tensor("t", s, dtype, Category::Activations).unwrap();
         let (x, o) = (t(&[2, 640, 64, 64]), t(&[2, 640, 128, 128]));
-        let us = time_us(&|| upsample_nearest2x(g, &x, &o), 10).unwrap();
+        let us = time_us(&|| Ok(vec![upsample_nearest2x(g, &x, &o)?]), 10).unwrap();
         println!(
             "upsample {:?} {dtype:?}: {us:.1} us {:.0} GB/s",
             x.shape,
@@ -90,7 +112,7 @@ fn conv_bench() {
             t(&[2, 320, 64, 64]),
             t(&[2, 960, 64, 64]),
         );
-        let us = time_us(&|| Ok(concat_channels(g, &a, &b, &o)?.remove(0)), 10).unwrap();
+        let us = time_us(&|| Ok(vec![concat_channels(g, &a, &b, &o)?.remove(0)]), 10).unwrap();
         println!(
             "concat part a {:?} {dtype:?}: {us:.1} us {:.0} GB/s",
             a.shape,
@@ -104,7 +126,7 @@ fn conv_bench() {
         ] {
             let x = t(&shape);
             let o = t(&perm.iter().map(|&d| shape[d]).collect::<Vec<_>>());
-            let us = time_us(&|| permute(g, &x, &perm, &o), 10).unwrap();
+            let us = time_us(&|| Ok(vec![permute(g, &x, &perm, &o)?]), 10).unwrap();
             println!(
                 "permute {shape:?} by {perm:?} {dtype:?}: {us:.1} us {:.0} GB/s",
                 2.0 * x.numel() as f64 * eb / us * 1e-3

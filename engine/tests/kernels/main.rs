@@ -13,3 +13,4 @@ mod embedding;
 mod attention;
 mod conv;
 mod layout;
+mod quant;

@@ -8,11 +8,20 @@ fn matmul_matches_reference() {
 }
 
 /// Every define combination of a shader: `fixed` as given, each name in `flags` 0 and 1.
-fn combos(fixed: &[(&'static str, &str)], flags: &[&'static str]) -> Vec<Vec<(&'static str, String)>> {
+fn combos(
+    fixed: &[(&'static str, &str)],
+    flags: &[&'static str],
+) -> Vec<Vec<(&'static str, String)>> {
     (0..1u32 << flags.len())
         .map(|bits| {
-            let mut d: Vec<(&'static str, String)> = fixed.iter().map(|&(k, v)| (k, v.to_string())).collect();
-            d.extend(flags.iter().enumerate().map(|(i, &f)| (f, ((bits >> i) & 1).to_string())));
+            let mut d: Vec<(&'static str, String)> =
+                fixed.iter().map(|&(k, v)| (k, v.to_string())).collect();
+            d.extend(
+                flags
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &f)| (f, ((bits >> i) & 1).to_string())),
+            );
             d
         })
         .collect()
@@ -25,7 +34,10 @@ fn to_spirv(name: &str, source: &str, defines: &[(&'static str, String)]) -> Vec
     let src = preprocess(source, defines).unwrap_or_else(|e| panic!("{name} {defines:?}: {e}"));
     let module = naga::front::wgsl::parse_str(&src)
         .unwrap_or_else(|e| panic!("{name} {defines:?}: {}", e.emit_to_string(&src)));
-    let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+    let mut validator = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    );
     let info = validator
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name} {defines:?}: {}", e.emit_to_string(&src)));
@@ -39,7 +51,8 @@ fn to_spirv(name: &str, source: &str, defines: &[(&'static str, String)]) -> Vec
         },
         ..Default::default()
     };
-    let result = std::panic::catch_unwind(|| naga::back::spv::write_vec(&module, &info, &options, None));
+    let result =
+        std::panic::catch_unwind(|| naga::back::spv::write_vec(&module, &info, &options, None));
     match result {
         Ok(Ok(words)) => words,
         Ok(Err(e)) => panic!("{name} {defines:?}: SPIR-V writer: {e}"),
@@ -55,25 +68,26 @@ fn matmul_coop_compiles_to_spirv() {
     let mut n = 0;
     for to in ["f32", "f16"] {
         for tb in ["f32", "f16"] {
-            for wg in ["128", "256"] {
-                for d in combos(
-                    &[("TO", to), ("TB", tb), ("WG", wg)],
-                    &["TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4"],
-                ) {
-                    // The builder sets DIRECT only for f32 outputs bound as scalars.
-                    let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
-                    if on("DIRECT") && (to != "f32" || on("VO")) {
-                        continue;
-                    }
-                    let words = to_spirv("matmul_coop", source, &d);
-                    // OpCapability CooperativeMatrixKHR (6022) must be declared.
-                    assert!(words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]), "no CooperativeMatrixKHR");
-                    n += 1;
+            for d in combos(
+                &[("TO", to), ("TB", tb)],
+                &["TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4"],
+            ) {
+                // The builder sets DIRECT only for f32 outputs bound as scalars.
+                let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
+                if on("DIRECT") && (to != "f32" || on("VO")) {
+                    continue;
                 }
+                let words = to_spirv("matmul_coop", source, &d);
+                // OpCapability CooperativeMatrixKHR (6022) must be declared.
+                assert!(
+                    words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]),
+                    "no CooperativeMatrixKHR"
+                );
+                n += 1;
             }
         }
     }
-    assert_eq!(n, 2 * 2 * (64 + 32 + 64));
+    assert_eq!(n, 2 * (64 + 32 + 64));
 }
 
 /// The portable kernels' specialisations that lavapipe does not select (vector widths, tile sizes,
@@ -81,11 +95,23 @@ fn matmul_coop_compiles_to_spirv() {
 #[test]
 fn matmul_and_matvec_specialisations_compile() {
     let matmul_src = drift_engine::shader!("matmul.wgsl");
-    for (t, to) in [("f32", "f32"), ("f32", "f16"), ("f16", "f16"), ("f16", "f32")] {
-        for r in ["4", "8"] {
+    for (t, to) in [
+        ("f32", "f32"),
+        ("f32", "f16"),
+        ("f16", "f16"),
+        ("f16", "f32"),
+    ] {
+        for (r, r8) in [("4", "0"), ("8", "1")] {
             for d in combos(
-                &[("T", t), ("TO", to), ("TB", "f32"), ("F16", "1"), ("R", r)],
-                &["VA", "VB", "VO"],
+                &[
+                    ("T", t),
+                    ("TO", to),
+                    ("TB", "f32"),
+                    ("F16", "1"),
+                    ("R", r),
+                    ("R8", r8),
+                ],
+                &["BIAS", "VA", "VB", "VO"],
             ) {
                 to_spirv("matmul", matmul_src, &d);
             }
@@ -95,7 +121,14 @@ fn matmul_and_matvec_specialisations_compile() {
     for (tx, to) in [("f32", "f32"), ("f16", "f16"), ("f32", "f16")] {
         for (nb, wg) in [("1", "256"), ("8", "256"), ("3", "64")] {
             for d in combos(
-                &[("TX", tx), ("TO", to), ("TB", "f16"), ("F16", "1"), ("NB", nb), ("WG", wg)],
+                &[
+                    ("TX", tx),
+                    ("TO", to),
+                    ("TB", "f16"),
+                    ("F16", "1"),
+                    ("NB", nb),
+                    ("WG", wg),
+                ],
                 &["WF16", "VEC", "SG", "BIAS"],
             ) {
                 to_spirv("matvec", matvec_src, &d);
@@ -104,38 +137,204 @@ fn matmul_and_matvec_specialisations_compile() {
     }
 }
 
+/// Fills a tensor with pseudo-random values in [-1, 1): a 4 MiB block of an LCG, encoded once and
+/// written repeatedly (the bench needs large tensors fast, not statistical quality; not zeros, which
+/// some GPUs compress).
+pub fn fill(gpu: &drift_engine::Gpu, t: &drift_engine::Tensor, seed: u64) {
+    let per = ((4usize << 20) / t.elem_bytes() as usize).min(t.numel());
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..per)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    let bytes = drift_engine::gpu::encode_f32(&v, t.dtype).unwrap();
+    let mut e = 0;
+    while e < t.numel() {
+        let n = per.min(t.numel() - e);
+        let view = t.view(e, &[n]).unwrap();
+        gpu.write_tensor_bytes(&view, &bytes[..n * t.elem_bytes() as usize])
+            .unwrap();
+        e += n;
+    }
+}
+
+/// Median GPU time per dispatch (timestamps) over a few runs of `dispatches`, in microseconds.
+pub fn time_us(gpu: &drift_engine::Gpu, dispatches: Vec<drift_engine::Dispatch>) -> f64 {
+    let mut prog = drift_engine::Program::new();
+    prog.extend(dispatches);
+    prog.run(gpu).unwrap();
+    let mut profiler = drift_engine::profiler::Profiler::new();
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let p = profiler.run(gpu, &prog).unwrap();
+        times.extend(p.dispatches.iter().map(|d| d.duration_us));
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// GEMM throughput at model sizes (run on the target GPU: `--ignored --nocapture`).
 #[test]
 #[ignore]
-fn scratch_timing() {
-    use drift_engine::kernels::matmul::{MatmulTile, MatmulVariant};
-    use drift_engine::selftest::matmul::{Case, check};
-    use drift_engine::DType;
-    let gpu = crate::common::gpu();
-    let (mut rng, _) = drift_engine::selftest::rng();
-    let base = Case {
-        batch: 1, m: 5, n: 7, k: 9, transpose_b: false, batched_b: false, bias: false,
-        dtype: DType::F32, out_dtype: DType::F32, a_offset: 0, out_offset: 0,
-        variant: MatmulVariant::Tiled, tile: MatmulTile::T64, shard_bytes: None,
+fn bench_matmul() {
+    use drift_engine::kernels::matmul::{
+        MatmulOptions, MatmulTile, MatmulVariant, matmul, matmul_flops,
     };
-    let seq = [
-        ("base", base),
-        ("base again", base),
-        ("k=30", Case { k: 30, ..base }),
-        ("m=20", Case { m: 20, ..base }),
-        ("n=21", Case { n: 21, ..base }),
-        ("trans", Case { transpose_b: true, ..base }),
-        ("bias", Case { bias: true, ..base }),
-        ("bias again", Case { bias: true, ..base }),
-        ("bias n=30", Case { bias: true, n: 30, ..base }),
-        ("bias n=300", Case { bias: true, n: 300, ..base }),
-        ("batch2", Case { batch: 2, ..base }),
-        ("batch2 bb", Case { batch: 2, batched_b: true, ..base }),
-        ("m=1", Case { m: 1, ..base }),
-        ("k=1", Case { k: 1, ..base }),
+    use drift_engine::{Category, DType};
+    let gpu = crate::common::gpu();
+    println!("caps: {:?}", gpu.caps);
+    let coop = drift_engine::kernels::matmul::coop_available(&gpu.caps);
+    let mut cases = vec![
+        (
+            4096,
+            4096,
+            4096,
+            DType::F32,
+            false,
+            MatmulVariant::Tiled,
+            MatmulTile::T128,
+        ),
+        (
+            4096,
+            4096,
+            4096,
+            DType::F32,
+            true,
+            MatmulVariant::Tiled,
+            MatmulTile::T128,
+        ),
+        (
+            4096,
+            4096,
+            4096,
+            DType::F16,
+            true,
+            MatmulVariant::Tiled,
+            MatmulTile::T128,
+        ),
+        (
+            512,
+            4096,
+            4096,
+            DType::F32,
+            true,
+            MatmulVariant::Tiled,
+            MatmulTile::Auto,
+        ),
+        (
+            512,
+            4096,
+            4096,
+            DType::F32,
+            true,
+            MatmulVariant::Tiled,
+            MatmulTile::T128,
+        ),
+        (
+            77,
+            3072,
+            768,
+            DType::F32,
+            true,
+            MatmulVariant::Tiled,
+            MatmulTile::Auto,
+        ),
     ];
-    for (name, c) in seq {
-        let t = std::time::Instant::now();
-        let r = check(gpu, &mut rng, &c).unwrap();
-        println!("{name}: {:?} {}", t.elapsed(), r.passed);
+    if coop {
+        cases.extend([
+            (
+                4096,
+                4096,
+                4096,
+                DType::F16,
+                false,
+                MatmulVariant::Coop,
+                MatmulTile::Auto,
+            ),
+            (
+                4096,
+                4096,
+                4096,
+                DType::F16,
+                true,
+                MatmulVariant::Coop,
+                MatmulTile::Auto,
+            ),
+            (
+                8192,
+                8192,
+                8192,
+                DType::F16,
+                true,
+                MatmulVariant::Coop,
+                MatmulTile::Auto,
+            ),
+            (
+                512,
+                4096,
+                4096,
+                DType::F16,
+                true,
+                MatmulVariant::Coop,
+                MatmulTile::Auto,
+            ),
+            (
+                4095,
+                4097,
+                4096,
+                DType::F16,
+                true,
+                MatmulVariant::Coop,
+                MatmulTile::Auto,
+            ),
+        ]);
+    }
+    // On a CPU device (lavapipe) only smoke-test the bench at 1/16 of the sizes.
+    let s = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        16
+    } else {
+        1
+    };
+    for (m, n, k, dtype, trans, variant, tile) in cases {
+        let (m, n, k): (usize, usize, usize) = (m, n, k);
+        let (m, n, k) = (m.div_ceil(s), n.div_ceil(s), k.div_ceil(s));
+        let a = gpu
+            .tensor("a", &[m, k], dtype, Category::Activations)
+            .unwrap();
+        let b = gpu
+            .tensor(
+                "b",
+                &if trans { [n, k] } else { [k, n] },
+                dtype,
+                Category::Weights,
+            )
+            .unwrap();
+        let o = gpu
+            .tensor("o", &[m, n], dtype, Category::Activations)
+            .unwrap();
+        fill(gpu, &a, 1);
+        fill(gpu, &b, 2);
+        let opts = MatmulOptions {
+            transpose_b: trans,
+            variant,
+            tile,
+            ..Default::default()
+        };
+        let ds: Vec<_> = (0..5)
+            .flat_map(|_| matmul(gpu, &a, &b, &o, &opts).unwrap())
+            .collect();
+        let name = ds[0].name.clone();
+        let us = time_us(gpu, ds);
+        println!(
+            "BENCH matmul {m}x{n}x{k} {dtype:?}{} {variant:?}/{tile:?} [{name}]: {us:.1} us, {:.1} TFLOP/s",
+            if trans { " b^T" } else { "" },
+            matmul_flops(1, m, n, k) / us / 1e6
+        );
     }
 }

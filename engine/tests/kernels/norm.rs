@@ -11,14 +11,48 @@ fn norm_matches_reference() {
     run_checks(norm::checks);
 }
 
-/// An uninitialised (zeroed) tensor for timing.
-pub fn t(gpu: &Gpu, shape: &[usize], dtype: DType) -> Tensor {
-    gpu.tensor("bench", shape, dtype, Category::Activations)
+/// A tensor of pseudo-random values for timing (never zeros, which can time faster than real data):
+/// floats in [-2, 2), u32 below `u32_below` (ids, positions).
+pub fn t_rand(gpu: &Gpu, shape: &[usize], dtype: DType, u32_below: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut state = 0x9E3779B97F4A7C15u64 ^ n as u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as u32
+    };
+    if dtype == DType::U32 {
+        let v: Vec<u8> = (0..n)
+            .flat_map(|_| (next() % u32_below).to_le_bytes())
+            .collect();
+        return gpu
+            .tensor_from_bytes(
+                "bench",
+                shape,
+                dtype,
+                drift_engine::Layout::RowMajor,
+                &v,
+                Category::Activations,
+            )
+            .expect("bench tensor");
+    }
+    let v: Vec<f32> = (0..n)
+        .map(|_| next() as f32 / (1u32 << 22) as f32 - 2.0)
+        .collect();
+    gpu.tensor_from_f32("bench", shape, dtype, &v, Category::Activations)
         .expect("bench tensor")
 }
 
-/// Times `make`'s dispatches (built `reps` times into one program, profiled with GPU timestamps)
-/// and prints the median time per kernel with its GB/s from the builders' byte counts.
+/// A random float tensor for timing.
+pub fn t(gpu: &Gpu, shape: &[usize], dtype: DType) -> Tensor {
+    t_rand(gpu, shape, dtype, 1)
+}
+
+/// Times `make`'s dispatches built `reps` times into one program, after 250 ms of it as warm-up: the
+/// median GPU time per kernel
+/// from timestamps, and the wall time of the whole program per repetition (which includes the
+/// barrier between dependent dispatches), with GB/s from the builders' byte counts.
 pub fn bench(label: &str, reps: usize, make: impl Fn() -> Result<Vec<Dispatch>>) {
     let gpu = gpu();
     let mut prog = Program::new();
@@ -27,9 +61,26 @@ pub fn bench(label: &str, reps: usize, make: impl Fn() -> Result<Vec<Dispatch>>)
     }
     let per = prog.len() / reps;
     let mut profiler = Profiler::new();
-    prog.run_profiled(gpu, &mut profiler).expect("warm-up");
+    // Sustained work first: short bursts leave the GPU at idle clocks and time several times slower.
+    let warm = std::time::Instant::now();
+    while warm.elapsed().as_millis() < 250 {
+        prog.run(gpu).expect("warm-up");
+    }
     let profile = prog.run_profiled(gpu, &mut profiler).expect("profile");
-    let mut line = format!("{label:<48}");
+    let mut walls: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            prog.run(gpu).expect("run");
+            t.elapsed().as_secs_f64() * 1e6 / reps as f64
+        })
+        .collect();
+    walls.sort_by(f64::total_cmp);
+    let bytes: f64 = prog.dispatches[..per].iter().map(|d| d.cost.bytes).sum();
+    let mut line = format!(
+        "{label:<56} wall {:7.1} us {:5.0} GB/s",
+        walls[2],
+        bytes / walls[2] / 1e3
+    );
     for k in 0..per {
         let mut us: Vec<f64> = profile
             .dispatches
@@ -51,13 +102,32 @@ pub fn bench(label: &str, reps: usize, make: impl Fn() -> Result<Vec<Dispatch>>)
     println!("{line}");
 }
 
+/// A plain elementwise kernel of the same traffic, for calibration.
+#[test]
+#[ignore]
+fn norm_bench_calibrate() {
+    use drift_engine::kernels::activation::{UnaryOp, unary};
+    let g = gpu();
+    for (shape, dt) in [
+        (vec![1, 4096], DType::F32),
+        (vec![512, 4096], DType::F16),
+        (vec![4096, 8192], DType::F16),
+        (vec![4096, 8192], DType::F32),
+    ] {
+        let (x, o) = (t(g, &shape, dt), t(g, &shape, dt));
+        bench(&format!("calibrate: scale {shape:?} {dt:?}"), 20, || {
+            Ok(vec![unary(g, UnaryOp::Scale(0.5), &x, &o)?])
+        });
+    }
+}
+
 /// Kernel timings on the device (run on the H200 with `--ignored --nocapture`).
 #[test]
 #[ignore]
 fn norm_bench() {
     let g = gpu();
     let eps = 1e-5;
-    let mut variants = vec![RowVariant::Workgroup];
+    let mut variants = vec![RowVariant::Auto, RowVariant::Workgroup];
     if g.caps.subgroup {
         variants.extend([RowVariant::WorkgroupSubgroup, RowVariant::Subgroup]);
     }

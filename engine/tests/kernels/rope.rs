@@ -11,7 +11,7 @@ fn rope_matches_reference() {
 #[ignore]
 fn rope_bench() {
     use crate::common::gpu;
-    use crate::norm::{bench, t};
+    use crate::norm::{bench, t, t_rand};
     use drift_engine::DType;
     use drift_engine::kernels::rope::{RopeOptions, RopeStyle, rope};
     let g = gpu();
@@ -27,7 +27,7 @@ fn rope_bench() {
         } else {
             t(g, &[tokens, heads, hd], dt)
         };
-        let pos = t(g, &[tokens], DType::U32);
+        let pos = t_rand(g, &[tokens], DType::U32, 32768);
         for style in [RopeStyle::HalfSplit, RopeStyle::Interleaved] {
             let opts = RopeOptions::new(500000.0, style, hd);
             bench(

@@ -15,7 +15,7 @@ fn softmax_bench() {
     use drift_engine::DType;
     use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
     let g = gpu();
-    let mut variants = vec![RowVariant::Workgroup];
+    let mut variants = vec![RowVariant::Auto, RowVariant::Workgroup];
     if g.caps.subgroup {
         variants.extend([RowVariant::WorkgroupSubgroup, RowVariant::Subgroup]);
     }

@@ -1,0 +1,439 @@
+//! GGML block-quantized weights on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
+//!
+//! Weights stay in GPU memory exactly as in the GGUF file (rows of whole blocks, [`Layout::Blocks`]; no
+//! repacking on upload, so a loader uploads the file's bytes as they are). Kernels read them as u32 words
+//! and decode 32-element chunks in registers (`shaders/dequant.wgsl`):
+//! - [`matvec_quant`]: decode matrix-vector products, `out = x @ w^T (+ bias)` for up to
+//!   [`MAX_BATCH`] activation rows, with the options (bias, subgroup or workgroup-memory reduction,
+//!   shard size) of [`crate::kernels::matvec`]; weights over a storage binding go shard by shard;
+//! - [`dequantize`]: a whole weight (or a row view of it) to f16 or f32, for prefill through a reused
+//!   scratch buffer.
+
+use crate::error::{DriftError, Result};
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::Gpu;
+use crate::kernels::matvec::{MatvecOptions, MatvecVariant, matvec};
+use crate::kernels::{KernelSpec, grid};
+use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
+use crate::{shader, shape_err};
+
+pub use crate::kernels::matvec::MAX_BATCH;
+
+/// The decode library and both kernels: `matvec_quant.wgsl` uses `dequant.wgsl`'s functions.
+const MATVEC_SRC: &str = concat!(shader!("matvec_quant.wgsl"), shader!("dequant.wgsl"));
+const DEQUANT_SRC: &str = shader!("dequant.wgsl");
+
+/// Teams (row groups) per workgroup, fixed in `shaders/matvec_quant.wgsl`.
+const TEAMS: usize = 8;
+
+/// The block types these kernels read.
+pub const QUANT_TYPES: [DType; 8] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+/// Whether [`matvec_quant`] and [`dequantize`] take weights of `dtype`.
+pub fn is_supported(dtype: DType) -> bool {
+    QUANT_TYPES.contains(&dtype)
+}
+
+fn type_define(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Q8_0 => "Q8_0",
+        DType::Q4_0 => "Q4_0",
+        DType::Q4_1 => "Q4_1",
+        DType::Q5_0 => "Q5_0",
+        DType::Q5_1 => "Q5_1",
+        DType::Q4K => "Q4K",
+        DType::Q5K => "Q5K",
+        DType::Q6K => "Q6K",
+        _ => "NONE",
+    }
+}
+
+/// Whether the type's values carry a min (`q d + m`): the kernel then adds `m * sum(x)` per chunk.
+fn has_min(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K)
+}
+
+/// How many chunks and rows a matvec lane keeps in flight (tuning; [`QuantTuning::default`] is what
+/// [`matvec_quant`] uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantTuning {
+    /// Weight rows per team (1 or 2): a lane's rows share its x loads.
+    pub rows_per_team: u32,
+    /// 32-element chunks per row a lane loads before computing (1 or 2).
+    pub chunks_per_step: u32,
+}
+
+impl Default for QuantTuning {
+    fn default() -> Self {
+        QuantTuning {
+            rows_per_team: 1,
+            chunks_per_step: 2,
+        }
+    }
+}
+
+/// A quantized tensor (or row view) as the kernels bind it: a u32 view from the word holding its first
+/// byte, and that byte's offset in the word (0 or 2: blocks are an even number of bytes, so a view at a
+/// row boundary may start mid-word, which [`Tensor::binding`] cannot bind as the block dtype).
+fn word_view(t: &Tensor) -> Result<(Tensor, u32)> {
+    let off = t.storage.offset;
+    if off % 2 != 0 {
+        return Err(shape_err!("quantized tensor at odd byte offset {off}"));
+    }
+    let start = off / 4 * 4;
+    let len = (off - start + t.storage.len).div_ceil(4) * 4;
+    let view = Tensor {
+        shape: vec![(len / 4) as usize],
+        dtype: DType::U32,
+        layout: Layout::RowMajor,
+        storage: Storage {
+            buffer: t.storage.buffer.clone(),
+            offset: start,
+            len,
+        },
+    };
+    Ok((view, (off - start) as u32))
+}
+
+/// Checks a quantized weight: a supported type, block layout, `[rows, K]` (or more leading dimensions)
+/// with K a whole number of blocks. Returns (rows, K).
+fn check_weight(what: &str, w: &Tensor) -> Result<(usize, usize)> {
+    if !is_supported(w.dtype) {
+        return Err(DriftError::Unsupported(format!(
+            "{what}: weights of type {:?}",
+            w.dtype
+        )));
+    }
+    if !matches!(w.layout, Layout::Blocks | Layout::RowMajor) || w.rank() == 0 {
+        return Err(shape_err!(
+            "{what}: w must be GGML blocks in rows, is {:?} {:?}",
+            w.shape,
+            w.layout
+        ));
+    }
+    let k = w.dim(-1);
+    if k == 0 || k % w.dtype.block_elems() != 0 {
+        return Err(shape_err!(
+            "{what}: rows of {k} values are not whole {:?} blocks of {}",
+            w.dtype,
+            w.dtype.block_elems()
+        ));
+    }
+    Ok((w.numel() / k, k))
+}
+
+/// `out = x @ w^T + bias` with `w`: `[N, K]` GGML blocks (any of [`QUANT_TYPES`]; f32 and f16 weights
+/// go to [`crate::kernels::matvec::matvec`]), `x`: `[B, K]` or `[K]`, `out`: `[B, N]` or `[N]` (x, out
+/// and bias f32 or f16), `B <= MAX_BATCH`. A weight over the binding limit (or
+/// `opts.max_shard_bytes`) is split into row shards, one dispatch each.
+pub fn matvec_quant(
+    gpu: &Gpu,
+    w: &Tensor,
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+) -> Result<Vec<Dispatch>> {
+    matvec_quant_tuned(gpu, w, x, out, opts, QuantTuning::default())
+}
+
+/// [`matvec_quant`] with explicit [`QuantTuning`] (benchmarks).
+pub fn matvec_quant_tuned(
+    gpu: &Gpu,
+    w: &Tensor,
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+    tuning: QuantTuning,
+) -> Result<Vec<Dispatch>> {
+    if !w.dtype.is_quantized() {
+        return matvec(gpu, w, x, out, opts);
+    }
+    if w.rank() != 2 {
+        return Err(shape_err!(
+            "matvec_quant: w must be [N, K], is {:?}",
+            w.shape
+        ));
+    }
+    let limit = opts
+        .max_shard_bytes
+        .unwrap_or(gpu.caps.max_storage_binding)
+        .min(gpu.caps.max_storage_binding);
+    let shards = if word_view(w)?.0.binding(limit).is_ok() {
+        vec![RowShard {
+            row_start: 0,
+            tensor: w.clone(),
+        }]
+    } else {
+        w.row_shards(limit)?
+    };
+    matvec_quant_shards_tuned(gpu, &shards, x, out, opts, tuning)
+}
+
+/// [`matvec_quant`] over a weight given as row shards (as [`Gpu::weight_rows`] or
+/// [`Tensor::row_shards`] make them): one dispatch per shard, each writing its rows of `out`.
+pub fn matvec_quant_shards(
+    gpu: &Gpu,
+    shards: &[RowShard],
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+) -> Result<Vec<Dispatch>> {
+    matvec_quant_shards_tuned(gpu, shards, x, out, opts, QuantTuning::default())
+}
+
+/// [`matvec_quant_shards`] with explicit [`QuantTuning`].
+pub fn matvec_quant_shards_tuned(
+    gpu: &Gpu,
+    shards: &[RowShard],
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+    tuning: QuantTuning,
+) -> Result<Vec<Dispatch>> {
+    let Some(first) = shards.first() else {
+        return Err(shape_err!("matvec_quant: no weight shards"));
+    };
+    let dtype = first.tensor.dtype;
+    if !dtype.is_quantized() {
+        return crate::kernels::matvec::matvec_shards(gpu, shards, x, out, opts);
+    }
+    let k = first.tensor.shape.get(1).copied().unwrap_or(0);
+    let mut n = 0;
+    for sh in shards {
+        let t = &sh.tensor;
+        if t.rank() != 2 || t.shape[1] != k || sh.row_start != n || t.dtype != dtype {
+            return Err(shape_err!(
+                "matvec_quant: shards must tile one [N, {k}] {dtype:?} weight in order; got rows from {} of {:?} {:?}",
+                sh.row_start,
+                t.shape,
+                t.dtype
+            ));
+        }
+        check_weight("matvec_quant", t)?;
+        n += t.shape[0];
+    }
+    let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
+    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
+    let out_ok =
+        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
+    if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
+        return Err(shape_err!(
+            "matvec_quant: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
+            x.shape,
+            out.shape
+        ));
+    }
+    for (t, what) in [(x, "x"), (out, "out")] {
+        if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
+            return Err(shape_err!(
+                "matvec_quant: {what} must be row-major f32 or f16, is {:?} {:?}",
+                t.dtype,
+                t.layout
+            ));
+        }
+    }
+    if let Some(b) = opts.bias
+        && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
+    {
+        return Err(shape_err!(
+            "matvec_quant: bias must be [{n}] f32 or f16, is {:?} {:?}",
+            b.shape,
+            b.dtype
+        ));
+    }
+    if !(1..=2).contains(&tuning.rows_per_team) || !(1..=2).contains(&tuning.chunks_per_step) {
+        return Err(shape_err!(
+            "matvec_quant: tuning {tuning:?} out of range (1 or 2 each)"
+        ));
+    }
+    let caps = &gpu.caps;
+    let f16 = x.dtype == DType::F16
+        || out.dtype == DType::F16
+        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
+    if f16 && !caps.f16 {
+        return Err(DriftError::Unsupported(
+            "f16 activations on a device without shader-f16".into(),
+        ));
+    }
+    let sg = match opts.variant {
+        MatvecVariant::Auto => caps.subgroup,
+        MatvecVariant::Workgroup => false,
+        MatvecVariant::Subgroup if caps.subgroup => true,
+        MatvecVariant::Subgroup => {
+            return Err(DriftError::Unsupported(
+                "subgroup matvec on a device without subgroups".into(),
+            ));
+        }
+    };
+    // TEAMS subgroups where the size allows, else fewer subgroups looping over the teams.
+    let wg = if sg {
+        (TEAMS as u32 * caps.subgroup_max_size)
+            .clamp(32, 256.min(caps.max_invocations_per_workgroup))
+    } else {
+        TEAMS as u32 * 32
+    };
+    let r = tuning.rows_per_team as usize;
+    let bx = x.binding(caps.max_storage_binding)?.base_elems;
+    let xvec = bx % 4 == 0;
+    let row_bytes = dtype.bytes_for(k)?;
+    let mut ds = Vec::with_capacity(shards.len());
+    for sh in shards {
+        let (wv, wbyte) = word_view(&sh.tensor)?;
+        let aligned = wbyte == 0 && row_bytes % 4 == 0 && dtype.block_bytes() % 4 == 0;
+        let name = format!(
+            "matvec_{}_{}{}{}{}",
+            type_define(dtype).to_lowercase(),
+            x.dtype.wgsl(),
+            if out.dtype == x.dtype {
+                String::new()
+            } else {
+                format!("_{}", out.dtype.wgsl())
+            },
+            if batch > 1 {
+                format!("_b{batch}")
+            } else {
+                String::new()
+            },
+            if sg { "_sg" } else { "_wg" }
+        );
+        let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
+            .define(type_define(dtype), 1)
+            .define("ALIGNED", u8::from(aligned))
+            .define("TX", x.dtype.wgsl())
+            .define("TO", out.dtype.wgsl())
+            .define("TB", opts.bias.map_or("f32", |b| b.dtype.wgsl()))
+            .define("F16", u8::from(f16))
+            .define("NB", batch)
+            .define("R", r)
+            .define("U", tuning.chunks_per_step)
+            .define("WG", wg)
+            .define("XVEC", u8::from(xvec))
+            .define("SG", u8::from(sg))
+            .define("BIAS", u8::from(opts.bias.is_some()))
+            .define("MIN", u8::from(has_min(dtype)));
+        let kernel = gpu.kernel(&spec)?;
+        let rows = sh.tensor.shape[0];
+        let groups = rows.div_ceil(TEAMS * r) as u32;
+        let params = [
+            rows as u32,
+            k as u32,
+            n as u32,
+            sh.row_start as u32,
+            wbyte,
+            row_bytes as u32,
+            (k / 32) as u32,
+            0,
+        ];
+        let mut tensors = vec![&wv, x, out];
+        tensors.extend(opts.bias);
+        let cost = Cost {
+            flops: 2.0 * (batch * rows * k) as f64,
+            bytes: sh.tensor.storage.len as f64
+                + (batch * k) as f64 * x.elem_bytes() as f64
+                + (batch * rows) as f64 * out.elem_bytes() as f64
+                + opts
+                    .bias
+                    .map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
+        };
+        ds.push(gpu.dispatch(
+            &kernel,
+            &params,
+            &tensors,
+            grid(groups, caps.max_workgroups_per_dimension),
+            cost,
+        )?);
+    }
+    Ok(ds)
+}
+
+/// Dequantizes `w` (any of [`QUANT_TYPES`], `[.., K]`, or a row view of one) into `out` (f16 or f32,
+/// same number of values, last dimension K, row-major). f16 output needs no shader-f16 (values are
+/// packed in pairs), but an f16 `out` view must start at an even element. The weight must fit one
+/// storage binding: dequantize a larger one by row views.
+pub fn dequantize(gpu: &Gpu, w: &Tensor, out: &Tensor) -> Result<Dispatch> {
+    let (rows, k) = check_weight("dequantize", w)?;
+    if out.numel() != w.numel() || out.rank() == 0 || out.dim(-1) != k {
+        return Err(shape_err!(
+            "dequantize: w {:?} into out {:?}",
+            w.shape,
+            out.shape
+        ));
+    }
+    if !matches!(out.dtype, DType::F32 | DType::F16) || out.layout != Layout::RowMajor {
+        return Err(shape_err!(
+            "dequantize: out must be row-major f32 or f16, is {:?} {:?}",
+            out.dtype,
+            out.layout
+        ));
+    }
+    let caps = &gpu.caps;
+    let (wv, wbyte) = word_view(w)?;
+    let bo = out.binding(caps.max_storage_binding)?.base_elems;
+    let out16 = out.dtype == DType::F16;
+    if out16 && bo % 2 != 0 {
+        return Err(shape_err!(
+            "dequantize: an f16 output view must start at an even element"
+        ));
+    }
+    let ovec = bo % if out16 { 8 } else { 4 } == 0;
+    let row_bytes = w.dtype.bytes_for(k)?;
+    let aligned = wbyte == 0 && row_bytes % 4 == 0 && w.dtype.block_bytes() % 4 == 0;
+    let name = format!(
+        "dequantize_{}_{}",
+        type_define(w.dtype).to_lowercase(),
+        out.dtype.wgsl()
+    );
+    let spec = KernelSpec::new(name, DEQUANT_SRC, "dequantize")
+        .define(type_define(w.dtype), 1)
+        .define("ALIGNED", u8::from(aligned))
+        .define("DEQ_MAIN", 1)
+        .define("OUT16", u8::from(out16))
+        .define("OVEC", u8::from(ovec));
+    let kernel = gpu.kernel(&spec)?;
+    let chunks = (rows * k / 32) as u32;
+    let params = [chunks, (k / 32) as u32, wbyte, row_bytes as u32];
+    gpu.dispatch(
+        &kernel,
+        &params,
+        &[&wv, out],
+        grid(chunks.div_ceil(64), caps.max_workgroups_per_dimension),
+        Cost {
+            flops: 2.0 * w.numel() as f64,
+            bytes: w.storage.len as f64 + out.numel() as f64 * out.elem_bytes() as f64,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_preprocess_for_every_type() {
+        for dtype in QUANT_TYPES {
+            for aligned in [0, 1] {
+                let defs = vec![
+                    (type_define(dtype), "1".to_string()),
+                    ("ALIGNED", aligned.to_string()),
+                ];
+                let mut d = defs.clone();
+                d.extend([
+                    ("DEQ_MAIN", "1".into()),
+                    ("OUT16", "1".into()),
+                    ("OVEC", "0".into()),
+                ]);
+                crate::kernels::preprocess(DEQUANT_SRC, &d).unwrap();
+            }
+        }
+        assert!(MATVEC_SRC.contains("fn chunk("));
+    }
+}

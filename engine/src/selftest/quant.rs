@@ -1,0 +1,397 @@
+//! Checks for the quantized-weight kernels, per block type: GPU dequantization (exact: every decoded
+//! value is a product that f32 holds exactly, plus at most one rounding, as in the reference) and
+//! matrix-vector products (f32 accumulation against the f64 product of the dequantized weights), on
+//! random valid blocks, with poisoned outputs, odd N, K of several blocks, batch 1, 3 and 8, bias,
+//! views at offsets (weights starting mid-word), row shards, both reductions and f16 activations.
+//! The CPU dequantization itself is checked against gguf-py's in the tests (fixtures), and
+//! [`fixture_checks`] runs the GPU kernels on those fixtures.
+
+use rand::Rng as _;
+
+use super::{Check, Rng, compare, random, store_rtol};
+use crate::error::Result;
+use crate::exec::Program;
+use crate::gpu::Gpu;
+use crate::kernels::matvec::{MatvecOptions, MatvecVariant};
+use crate::kernels::quant::{QUANT_TYPES, QuantTuning, dequantize, matvec_quant_tuned};
+use crate::memory::Category;
+use crate::reference::quant as r;
+use crate::tensor::{DType, Layout};
+
+/// Random valid blocks of `dtype`: random quant bytes, finite model-like f16 scales.
+pub fn random_blocks(rng: &mut Rng, dtype: DType, blocks: usize) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let mut out: Vec<u8> = (0..blocks * bb).map(|_| rng.random()).collect();
+    let mut f16_at = |b: &mut [u8], at: usize, lo: f32, hi: f32, signed: bool| {
+        let mut v = rng.random_range(lo..hi);
+        if signed && rng.random::<bool>() {
+            v = -v;
+        }
+        b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+    };
+    for b in out.chunks_exact_mut(bb) {
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => f16_at(b, 0, 0.002, 0.05, true),
+            DType::Q4_1 | DType::Q5_1 => {
+                f16_at(b, 0, 0.002, 0.05, false);
+                f16_at(b, 2, 0.0, 0.5, true);
+            }
+            DType::Q4K | DType::Q5K => {
+                f16_at(b, 0, 0.0005, 0.01, false);
+                f16_at(b, 2, 0.0005, 0.02, false);
+            }
+            DType::Q6K => f16_at(b, 208, 0.0002, 0.004, true),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One matvec check.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub dtype: DType,
+    pub batch: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bias: bool,
+    pub x_dtype: DType,
+    pub out_dtype: DType,
+    /// The weight is rows `w_rows_before..` of a larger one (a view that may start mid-word).
+    pub w_rows_before: usize,
+    /// Element offset of `x` in a larger buffer (not a multiple of 4 forces scalar loads).
+    pub x_offset: usize,
+    pub variant: MatvecVariant,
+    pub max_shard_bytes: Option<u64>,
+    pub tuning: QuantTuning,
+}
+
+impl Case {
+    pub fn new(dtype: DType, batch: usize, n: usize, k: usize, variant: MatvecVariant) -> Case {
+        Case {
+            dtype,
+            batch,
+            n,
+            k,
+            bias: false,
+            x_dtype: DType::F32,
+            out_dtype: DType::F32,
+            w_rows_before: 0,
+            x_offset: 0,
+            variant,
+            max_shard_bytes: None,
+            tuning: QuantTuning::default(),
+        }
+    }
+}
+
+pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    let mut variants = vec![MatvecVariant::Workgroup];
+    if gpu.caps.subgroup {
+        variants.push(MatvecVariant::Subgroup);
+    }
+    for dtype in QUANT_TYPES {
+        let be = dtype.block_elems();
+        // Several blocks (and, for 32-element blocks, a count that is no multiple of the lanes).
+        let k = if be == 32 { 7 * 32 } else { 2 * 256 };
+        let odd_k = if be == 32 { 3 * 32 } else { 256 };
+        for &variant in &variants {
+            let c = Case::new(dtype, 1, 37, k, variant);
+            out.push(check_matvec(gpu, rng, &c)?);
+            out.push(check_matvec(
+                gpu,
+                rng,
+                &Case {
+                    batch: 3,
+                    bias: true,
+                    x_offset: 3,
+                    ..c
+                },
+            )?);
+        }
+        let c = Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto);
+        // Rows of an odd number of 2-byte-aligned blocks start mid-word every other row; small shards.
+        out.push(check_matvec(
+            gpu,
+            rng,
+            &Case {
+                w_rows_before: 1,
+                max_shard_bytes: Some(4 * dtype.bytes_for(odd_k)? + 256),
+                tuning: QuantTuning {
+                    rows_per_team: 2,
+                    chunks_per_step: 1,
+                },
+                ..c
+            },
+        )?);
+        out.push(check_matvec(
+            gpu,
+            rng,
+            &Case {
+                batch: 8,
+                n: 9,
+                k,
+                bias: true,
+                tuning: QuantTuning {
+                    rows_per_team: 2,
+                    chunks_per_step: 2,
+                },
+                ..c
+            },
+        )?);
+        if gpu.caps.f16 {
+            out.push(check_matvec(
+                gpu,
+                rng,
+                &Case {
+                    batch: 2,
+                    n: 19,
+                    k,
+                    bias: true,
+                    x_dtype: DType::F16,
+                    out_dtype: DType::F16,
+                    x_offset: 4,
+                    ..c
+                },
+            )?);
+        }
+        out.push(check_dequantize(gpu, rng, dtype, 5, k, 0, DType::F32, 4)?);
+        out.push(check_dequantize(
+            gpu,
+            rng,
+            dtype,
+            3,
+            odd_k,
+            1,
+            DType::F16,
+            2,
+        )?);
+        out.push(check_dequantize(gpu, rng, dtype, 3, k, 0, DType::F16, 8)?);
+    }
+    Ok(out)
+}
+
+/// Uploads `bytes` (`[rows_before + n, k]` blocks) and returns the view of the last `n` rows.
+fn upload_weight(
+    gpu: &Gpu,
+    dtype: DType,
+    bytes: &[u8],
+    rows_before: usize,
+    n: usize,
+    k: usize,
+) -> Result<crate::tensor::Tensor> {
+    let full = gpu.tensor_from_bytes(
+        "w",
+        &[rows_before + n, k],
+        dtype,
+        Layout::Blocks,
+        bytes,
+        Category::Weights,
+    )?;
+    full.rows(rows_before, rows_before + n)
+}
+
+/// A matvec on the weight `bytes` (`[rows_before + n, k]` blocks of `c.dtype`; the case uses the last
+/// `n` rows), compared with the f64 product of `deq` (the dequantized last `n` rows).
+fn run_matvec(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    c: &Case,
+    bytes: &[u8],
+    deq: &[f32],
+    label: &str,
+) -> Result<Check> {
+    let (batch, n, k) = (c.batch, c.n, c.k);
+    let w = upload_weight(gpu, c.dtype, bytes, c.w_rows_before, n, k)?;
+    let xv = random(rng, c.x_offset + batch * k, -1.0, 1.0, c.x_dtype);
+    let bv = random(rng, n, -1.0, 1.0, c.out_dtype);
+    let x_full = gpu.tensor_from_f32(
+        "x",
+        &[c.x_offset + batch * k],
+        c.x_dtype,
+        &xv,
+        Category::Activations,
+    )?;
+    let x = x_full.view(c.x_offset, &[batch, k])?;
+    let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
+    let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
+    gpu.poison(&o)?;
+    let opts = MatvecOptions {
+        bias: c.bias.then_some(&bias),
+        variant: c.variant,
+        max_shard_bytes: c.max_shard_bytes,
+    };
+    let mut prog = Program::new();
+    prog.extend(matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?);
+    let dispatches = prog.len();
+    prog.run(gpu)?;
+    let xs = &xv[c.x_offset..];
+    let want = r::matvec(deq, xs, c.bias.then_some(&bv[..]), batch, n, k);
+    let scale = r::abs_dot_max(deq, xs, batch, n, k);
+    let mut name = format!(
+        "matvec {:?} {label}{:?} {batch}x[{n}, {k}]{} x {:?} out {:?} r{}u{}",
+        c.dtype,
+        c.variant,
+        if c.bias { " +bias" } else { "" },
+        c.x_dtype,
+        c.out_dtype,
+        c.tuning.rows_per_team,
+        c.tuning.chunks_per_step,
+    );
+    if c.w_rows_before + c.x_offset > 0 {
+        name += &format!(" w@row{} x@{}", c.w_rows_before, c.x_offset);
+    }
+    if c.max_shard_bytes.is_some() {
+        name += &format!(" {dispatches} shards");
+    }
+    // f32 accumulation: rounding error relative to sum |w x|.
+    Ok(compare(
+        name,
+        &gpu.read_f32(&o)?,
+        &want,
+        1e-6 * scale + 1e-7,
+        store_rtol(c.out_dtype),
+    ))
+}
+
+pub fn check_matvec(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
+    let rows = c.w_rows_before + c.n;
+    let bytes = random_blocks(rng, c.dtype, rows * c.k / c.dtype.block_elems());
+    let deq = r::dequantize(c.dtype, &bytes);
+    run_matvec(gpu, rng, c, &bytes, &deq[c.w_rows_before * c.k..], "")
+}
+
+/// Dequantizes rows `rows_before..rows_before + n` of a random weight into an `out_dtype` view at
+/// element `out_offset` of a larger buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn check_dequantize(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    dtype: DType,
+    n: usize,
+    k: usize,
+    rows_before: usize,
+    out_dtype: DType,
+    out_offset: usize,
+) -> Result<Check> {
+    let bytes = random_blocks(rng, dtype, (rows_before + n) * k / dtype.block_elems());
+    let deq = r::dequantize(dtype, &bytes);
+    let want: Vec<f64> = deq[rows_before * k..].iter().map(|&v| v as f64).collect();
+    run_dequantize(
+        gpu,
+        dtype,
+        &bytes,
+        rows_before,
+        n,
+        k,
+        out_dtype,
+        out_offset,
+        &want,
+        "",
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_dequantize(
+    gpu: &Gpu,
+    dtype: DType,
+    bytes: &[u8],
+    rows_before: usize,
+    n: usize,
+    k: usize,
+    out_dtype: DType,
+    out_offset: usize,
+    want: &[f64],
+    label: &str,
+) -> Result<Check> {
+    let w = upload_weight(gpu, dtype, bytes, rows_before, n, k)?;
+    let full = gpu.tensor(
+        "deq",
+        &[out_offset + n * k + 3],
+        out_dtype,
+        Category::Activations,
+    )?;
+    let o = full.view(out_offset, &[n, k])?;
+    gpu.poison(&full)?;
+    let mut prog = Program::new();
+    prog.push(dequantize(gpu, &w, &o)?);
+    prog.run(gpu)?;
+    let got = gpu.read_f32(&full)?;
+    // The values must land exactly in the view: everything around it stays poisoned.
+    let outside_ok = got[..out_offset]
+        .iter()
+        .chain(&got[out_offset + n * k..])
+        .all(|v| v.is_nan());
+    let rtol = if out_dtype == DType::F16 { 1e-3 } else { 0.0 };
+    let mut c = compare(
+        format!(
+            "dequantize {dtype:?} {label}[{n}, {k}] w@row{rows_before} -> {out_dtype:?}@{out_offset}"
+        ),
+        &got[out_offset..out_offset + n * k],
+        want,
+        if out_dtype == DType::F16 { 1e-7 } else { 0.0 },
+        rtol,
+    );
+    if !outside_ok {
+        c.passed = false;
+        c.detail += " wrote outside its view";
+    }
+    Ok(c)
+}
+
+/// A weight whose reference dequantization came from gguf-py (tests/fixtures/quant).
+#[derive(Clone, Debug)]
+pub struct Fixture {
+    pub name: String,
+    pub dtype: DType,
+    pub n: usize,
+    pub k: usize,
+    pub bytes: Vec<u8>,
+    /// gguf-py's dequantization, `[n, k]`.
+    pub values: Vec<f32>,
+}
+
+/// The GPU kernels on a fixture: dequantization to f32 (exact) and f16, and matvecs (batch 1 and 3,
+/// both reductions) against the f64 product of gguf-py's values.
+pub fn fixture_checks(gpu: &Gpu, rng: &mut Rng, f: &Fixture) -> Result<Vec<Check>> {
+    let label = format!("{} ", f.name);
+    let want: Vec<f64> = f.values.iter().map(|&v| v as f64).collect();
+    let mut out = vec![
+        run_dequantize(
+            gpu,
+            f.dtype,
+            &f.bytes,
+            0,
+            f.n,
+            f.k,
+            DType::F32,
+            0,
+            &want,
+            &label,
+        )?,
+        run_dequantize(
+            gpu,
+            f.dtype,
+            &f.bytes,
+            0,
+            f.n,
+            f.k,
+            DType::F16,
+            0,
+            &want,
+            &label,
+        )?,
+    ];
+    let mut variants = vec![MatvecVariant::Workgroup];
+    if gpu.caps.subgroup {
+        variants.push(MatvecVariant::Subgroup);
+    }
+    for variant in variants {
+        for batch in [1, 3] {
+            let c = Case::new(f.dtype, batch, f.n, f.k, variant);
+            out.push(run_matvec(gpu, rng, &c, &f.bytes, &f.values, &label)?);
+        }
+    }
+    Ok(out)
+}

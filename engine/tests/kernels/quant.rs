@@ -1,0 +1,259 @@
+//! Quantized weights: the self-test checks on random blocks, the CPU reference and quantisers against
+//! gguf-py (fixtures from tests/fixtures/make_quant_fixtures.py: gguf-py quantised random data, rows of
+//! the real SmolLM2 GGUF file, random K-quant blocks), and the GPU kernels on those fixtures.
+
+use std::path::PathBuf;
+
+use crate::common::{gpu, run_checks};
+use drift_engine::DType;
+use drift_engine::reference::quant as r;
+use drift_engine::selftest::quant::{self, Fixture};
+
+#[test]
+fn quant_matches_reference() {
+    run_checks(quant::checks);
+}
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant")
+}
+
+fn read_f32(path: PathBuf) -> Vec<f32> {
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn dtype_of(name: &str) -> DType {
+    match name {
+        "Q8_0" => DType::Q8_0,
+        "Q4_0" => DType::Q4_0,
+        "Q4_1" => DType::Q4_1,
+        "Q5_0" => DType::Q5_0,
+        "Q5_1" => DType::Q5_1,
+        "Q4_K" => DType::Q4K,
+        "Q5_K" => DType::Q5K,
+        "Q6_K" => DType::Q6K,
+        other => panic!("unknown fixture type {other}"),
+    }
+}
+
+/// Every fixture, with `src` (the f32 data gguf-py quantised) where the manifest has it.
+fn fixtures() -> Vec<(Fixture, Option<Vec<f32>>)> {
+    let dir = fixture_dir();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest.json"))
+            .unwrap();
+    manifest
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap().to_string();
+            let shape: Vec<usize> = e["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as usize)
+                .collect();
+            let bytes = std::fs::read(dir.join(format!("{name}.q"))).unwrap();
+            let values = read_f32(dir.join(format!("{name}.f32")));
+            let src = e
+                .get("src")
+                .map(|_| read_f32(dir.join(format!("{name}.src.f32"))));
+            let f = Fixture {
+                dtype: dtype_of(e["type"].as_str().unwrap()),
+                n: shape[0],
+                k: shape[1],
+                name,
+                bytes,
+                values,
+            };
+            assert_eq!(
+                f.bytes.len() as u64,
+                f.dtype.bytes_for(f.n * f.k).unwrap(),
+                "{}",
+                f.name
+            );
+            assert_eq!(f.values.len(), f.n * f.k, "{}", f.name);
+            (f, src)
+        })
+        .collect()
+}
+
+#[test]
+fn quant_reference_is_bit_identical_to_gguf_py() {
+    let all = fixtures();
+    let types: std::collections::HashSet<_> = all.iter().map(|(f, _)| f.dtype).collect();
+    assert_eq!(types.len(), 8, "a fixture for every block type");
+    for (f, _) in &all {
+        let got = r::dequantize(f.dtype, &f.bytes);
+        let bad = got
+            .iter()
+            .zip(&f.values)
+            .position(|(a, b)| a.to_bits() != b.to_bits() && a != b);
+        assert!(
+            bad.is_none(),
+            "{}: value {} is {} (gguf-py {})",
+            f.name,
+            bad.unwrap(),
+            got[bad.unwrap()],
+            f.values[bad.unwrap()]
+        );
+        println!(
+            "ok   {} {:?} [{}, {}]: dequantization bit-identical to gguf-py",
+            f.name, f.dtype, f.n, f.k
+        );
+    }
+}
+
+#[test]
+fn quant_quantizers_are_bit_identical_to_gguf_py() {
+    let mut n = 0;
+    for (f, src) in fixtures() {
+        let Some(src) = src else { continue };
+        let got = r::quantize(f.dtype, &src).unwrap();
+        assert_eq!(got.len(), f.bytes.len(), "{}", f.name);
+        let bad = got.iter().zip(&f.bytes).position(|(a, b)| a != b);
+        assert!(
+            bad.is_none(),
+            "{}: byte {} is {:#x}, gguf-py {:#x}",
+            f.name,
+            bad.unwrap(),
+            got[bad.unwrap()],
+            f.bytes[bad.unwrap()]
+        );
+        println!(
+            "ok   {} {:?}: {} bytes identical to gguf-py's quantize",
+            f.name,
+            f.dtype,
+            got.len()
+        );
+        n += 1;
+    }
+    assert_eq!(n, 2, "Q8_0 and Q4_0 quantiser fixtures");
+}
+
+#[test]
+fn quant_kernels_match_gguf_py_fixtures() {
+    run_checks(|gpu, rng| {
+        let mut all = Vec::new();
+        for (f, _) in fixtures() {
+            all.extend(quant::fixture_checks(gpu, rng, &f)?);
+        }
+        Ok(all)
+    });
+}
+
+/// Bandwidth of the quantized matvec at LLM sizes (run on the H200:
+/// `kernels quant_matvec_bandwidth --ignored --nocapture`; DRIFT_QUANT_BENCH=quick for fewer cases).
+#[test]
+#[ignore]
+fn quant_matvec_bandwidth() {
+    use drift_engine::kernels::matvec::{MatvecOptions, matvec};
+    use drift_engine::kernels::quant::{QuantTuning, dequantize, matvec_quant_tuned};
+    use drift_engine::profiler::Profiler;
+    use drift_engine::{Category, Layout, Program};
+
+    let gpu = gpu();
+    let time = |ds: &[drift_engine::exec::Dispatch], reps: usize| -> (f64, f64) {
+        let mut p = Program::new();
+        for _ in 0..reps {
+            p.extend(ds.iter().cloned());
+        }
+        p.run(gpu).unwrap();
+        let prof = p.run_profiled(gpu, &mut Profiler::new()).unwrap();
+        let mut t: Vec<f64> = prof
+            .dispatches
+            .chunks(ds.len())
+            .map(|c| c.iter().map(|d| d.duration_us).sum())
+            .collect();
+        t.sort_by(f64::total_cmp);
+        let bytes: f64 = ds.iter().map(|d| d.cost.bytes).sum();
+        (t[t.len() / 2], bytes / t[t.len() / 2] / 1e3)
+    };
+    let quick = std::env::var("DRIFT_QUANT_BENCH").is_ok_and(|v| v == "quick");
+    let reps = if gpu.info.name.contains("llvmpipe") {
+        2
+    } else {
+        30
+    };
+    let sizes: &[(usize, usize)] = if gpu.info.name.contains("llvmpipe") {
+        &[(256, 1024)]
+    } else {
+        &[(4096, 14336), (14336, 4096), (4096, 4096)]
+    };
+    let mut rng = drift_engine::selftest::rng().0;
+    for &(n, k) in sizes {
+        if gpu.caps.f16 {
+            let w = gpu
+                .tensor("w", &[n, k], DType::F16, Category::Weights)
+                .unwrap();
+            let x = gpu
+                .tensor("x", &[1, k], DType::F32, Category::Activations)
+                .unwrap();
+            let o = gpu
+                .tensor("o", &[1, n], DType::F32, Category::Activations)
+                .unwrap();
+            let (us, gbs) = time(
+                &matvec(gpu, &w, &x, &o, &MatvecOptions::default()).unwrap(),
+                reps,
+            );
+            println!("f16 matvec       {n:>6}x{k:<6} b1            {us:9.1} us {gbs:8.1} GB/s");
+        }
+        let types: &[DType] = if quick {
+            &[DType::Q4_0, DType::Q8_0]
+        } else {
+            &drift_engine::kernels::quant::QUANT_TYPES
+        };
+        for &dtype in types {
+            let bytes = quant::random_blocks(&mut rng, dtype, n * k / dtype.block_elems());
+            let w = gpu
+                .tensor_from_bytes(
+                    "w",
+                    &[n, k],
+                    dtype,
+                    Layout::Blocks,
+                    &bytes,
+                    Category::Weights,
+                )
+                .unwrap();
+            for batch in [1usize, 4] {
+                let x = gpu
+                    .tensor("x", &[batch, k], DType::F32, Category::Activations)
+                    .unwrap();
+                let o = gpu
+                    .tensor("o", &[batch, n], DType::F32, Category::Activations)
+                    .unwrap();
+                let tunings: &[(u32, u32)] =
+                    if dtype == DType::Q4_0 && batch == 1 || !quick && batch == 1 {
+                        &[(1, 1), (1, 2), (2, 1), (2, 2)]
+                    } else {
+                        &[(1, 2)]
+                    };
+                for &(rpt, cps) in tunings {
+                    let t = QuantTuning {
+                        rows_per_team: rpt,
+                        chunks_per_step: cps,
+                    };
+                    let ds =
+                        matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();
+                    let (us, gbs) = time(&ds, reps);
+                    println!(
+                        "matvec {dtype:<6?}  {n:>6}x{k:<6} b{batch} r{rpt}u{cps}      {us:9.1} us {gbs:8.1} GB/s"
+                    );
+                }
+            }
+            if !quick && gpu.caps.f16 {
+                let o = gpu
+                    .tensor("deq", &[n, k], DType::F16, Category::Activations)
+                    .unwrap();
+                let (us, gbs) = time(&[dequantize(gpu, &w, &o).unwrap()], reps.min(10));
+                println!(
+                    "dequant {dtype:<6?} {n:>6}x{k:<6} -> f16      {us:9.1} us {gbs:8.1} GB/s"
+                );
+            }
+        }
+    }
+}

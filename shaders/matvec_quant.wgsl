@@ -1,0 +1,187 @@
+// Matrix-vector products on GGML block-quantized weights (decode), bandwidth-bound on the weight:
+//   out[b, row0 + r] = sum_k w[r, k] * x[b, k] (+ bias[row0 + r]),   b < NB (1..8), f32 accumulation,
+// w one row shard [rows, K] of a weight, kept in its GGUF block layout and dequantized in registers
+// (dequant.wgsl, appended to this file, decodes 32-element chunks; see there for the layout).
+//
+// A workgroup covers TEAMS = 8 teams of R rows. A team's lanes stride along K one 32-element chunk at a
+// time (adjacent lanes read adjacent blocks, so a team streams its rows contiguously) and keep U chunks
+// per row in flight; each lane's R rows share its x loads. Per chunk the sums of q * x (in f32) are
+// scaled once by the block scale (and the block min times sum x is added for the types with mins), so
+// a weight element costs one OR, one subtraction and one FMA per batch row. With SG the team is a
+// hardware subgroup (any size: teams g = subgroup_id, += num_subgroups) reducing with subgroupAdd,
+// otherwise 32 invocations reducing through a workgroup-memory tree.
+//
+// Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO / TB (x, out, bias scalar types), F16,
+// NB, R, U, WG (workgroup size), XVEC (x offset allows vec4 loads), SG, BIAS, MIN (type has mins).
+#if F16
+enable f16;
+#endif
+
+struct Params {
+    off_w: u32, off_x: u32, off_out: u32, off_bias: u32, o4: u32, o5: u32, o6: u32, o7: u32,
+    rows: u32,      // rows of this shard
+    k: u32,
+    ldo: u32,       // row stride of out (N)
+    row0: u32,      // output row of the shard's first row
+    wbyte: u32,     // byte offset of the shard's first row past word off_w (0..3)
+    row_bytes: u32,
+    nchunks: u32,   // K / 32
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+#if XVEC
+@group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
+#else
+@group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
+#endif
+@group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
+#if BIAS
+@group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
+#endif
+
+const NB = {{NB}}u;
+const R = {{R}}u;
+const U = {{U}}u;
+const WG = {{WG}}u;
+const TEAMS = 8u;
+const NACC = NB * R;
+#ifnot SG
+const TS = 32u; // team size of the workgroup-memory variant
+var<workgroup> red: array<f32, NACC * WG>;
+#endif
+
+// x[b, 4v .. 4v + 4]
+fn xv(b: u32, v: u32) -> vec4<f32> {
+#if XVEC
+    return vec4<f32>(xs[p.off_x / 4u + b * (p.k / 4u) + v]);
+#else
+    let e = p.off_x + b * p.k + 4u * v;
+    return vec4<f32>(f32(xs[e]), f32(xs[e + 1u]), f32(xs[e + 2u]), f32(xs[e + 3u]));
+#endif
+}
+
+// The chunk's dot product with x (per vector lane; summed at the end).
+fn dot_chunk(r: Chunk, x: array<vec4<f32>, 8>, xsum: vec4<f32>) -> vec4<f32> {
+    var s0 = r.q[0] * x[0];
+    s0 = fma(r.q[1], x[1], s0);
+    s0 = fma(r.q[2], x[2], s0);
+    s0 = fma(r.q[3], x[3], s0);
+    var s1 = r.q[4] * x[4];
+    s1 = fma(r.q[5], x[5], s1);
+    s1 = fma(r.q[6], x[6], s1);
+    s1 = fma(r.q[7], x[7], s1);
+    var t = fma(vec4<f32>(r.a0), s0, vec4<f32>(r.a1) * s1);
+#if MIN
+    t = fma(vec4<f32>(r.m), xsum, t);
+#endif
+    return t;
+}
+
+// One lane's partial sums for rows first .. first + R (rows past the end repeat the last row; their
+// sums are dropped), accumulator i = row i / NB, batch row i % NB.
+fn team(first: u32, lane: u32, ts: u32) -> array<vec4<f32>, NACC> {
+    var acc: array<vec4<f32>, NACC>;
+    var rb: array<u32, R>;
+    for (var r = 0u; r < R; r++) {
+        rb[r] = p.off_w * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
+    }
+    for (var c0 = lane; c0 < p.nchunks; c0 += U * ts) {
+        // Issue every load of the step before any arithmetic.
+        var ch: array<Chunk, U * R>;
+        for (var u = 0u; u < U; u++) {
+            let c = min(c0 + u * ts, p.nchunks - 1u);
+            for (var r = 0u; r < R; r++) {
+                ch[u * R + r] = chunk(rb[r], c);
+            }
+        }
+        for (var u = 0u; u < U; u++) {
+            let c = c0 + u * ts;
+            if c < p.nchunks {
+                for (var b = 0u; b < NB; b++) {
+                    var x: array<vec4<f32>, 8>;
+                    for (var i = 0u; i < 8u; i++) {
+                        x[i] = xv(b, 8u * c + i);
+                    }
+                    var xsum = vec4<f32>(0.0);
+#if MIN
+                    xsum = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+#endif
+                    for (var r = 0u; r < R; r++) {
+                        acc[r * NB + b] += dot_chunk(ch[u * R + r], x, xsum);
+                    }
+                }
+            }
+        }
+    }
+    return acc;
+}
+
+fn write(row: u32, b: u32, s: f32) {
+    var v = s;
+#if BIAS
+    v += f32(bias[p.off_bias + p.row0 + row]);
+#endif
+    out[p.off_out + b * p.ldo + p.row0 + row] = {{TO}}(v);
+}
+
+@compute @workgroup_size(WG)
+fn matvec(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+#if SG
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+#endif
+) {
+    let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R;
+#if SG
+    // Whole subgroups take whole teams, so the subgroup ops below run in subgroup-uniform flow.
+    for (var g = sg; g < TEAMS; g += nsg) {
+        let first = wg_first + g * R;
+        if first >= p.rows {
+            break;
+        }
+        let acc = team(first, lane, sgs);
+        for (var i = 0u; i < NACC; i++) {
+            let s = subgroupAdd(dot(acc[i], vec4<f32>(1.0)));
+            let row = first + i / NB;
+            if lane == 0u && row < p.rows {
+                write(row, i % NB, s);
+            }
+        }
+    }
+#else
+    let tm = lid / TS;
+    let lane = lid % TS;
+    let first = wg_first + tm * R;
+    var acc: array<vec4<f32>, NACC>;
+    if first < p.rows {
+        acc = team(first, lane, TS);
+    }
+    for (var i = 0u; i < NACC; i++) {
+        red[i * WG + lid] = dot(acc[i], vec4<f32>(1.0));
+    }
+    workgroupBarrier();
+    for (var s = TS / 2u; s > 0u; s /= 2u) {
+        if lane < s {
+            for (var i = 0u; i < NACC; i++) {
+                red[i * WG + lid] += red[i * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lane == 0u {
+        for (var i = 0u; i < NACC; i++) {
+            let row = first + i / NB;
+            if row < p.rows {
+                write(row, i % NB, red[i * WG + lid]);
+            }
+        }
+    }
+#endif
+}
