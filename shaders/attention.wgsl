@@ -15,9 +15,10 @@
 // The next K/V tile is loaded into registers while the current one is used (one tile in flight).
 // Causality: tiles past the last visible key of the tile's last row are never visited.
 //
-// Register arrays are only ever indexed by constants: the host generates the unrolled statements
-// (the generated blocks listed below). Loops with a dynamic index into a private array would put it in
-// local memory, and naga's loop bounding keeps drivers from unrolling loops themselves.
+// The host generates the hot loops fully unrolled (the blocks listed below: S_BODY runs over the
+// head dim, O_BODY over the tile's keys), so register arrays are only indexed by constants and
+// shared-memory offsets are literals. A dynamic index into a private array puts it in local memory,
+// and naga's loop bounding (a counter injected into every loop) keeps drivers from unrolling.
 //
 // Specialisation: QT, KT, OT element types (f32|f16); F16; QV, KV, OV: binding read as vec4 (base
 // offset a multiple of 4 elements); D; QS (padded vec4 row stride of k_s, odd to spread banks);

@@ -13,9 +13,16 @@
 // depends only on the workgroup id and uniforms. Offsets are computed in `let`s before each
 // coopLoad/coopStore (naga's SPIR-V writer panics on inline index expressions there).
 //
+// wgpu compiles every WGSL loop with an iteration guard (naga's loop bounding) that keeps drivers
+// from unrolling it, so the staging registers are a struct of named fields and the 16 accumulators
+// named variables: nothing private is indexed by a loop counter (that would live in local memory).
+// The host selects this kernel only with subgroups of 32 (128 invocations = 4 subgroups).
+//
 // Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
+// NOPAD and NOPREFETCH (off in the builder) switch off the row padding and the register prefetch, for
+// A/B timing on the target GPU (bench_matmul).
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -54,8 +61,13 @@ const GROUP_M = 8u;
 // Row pitches in vec4<f16> (8 bytes): 10 = 80 bytes for 32-deep rows, 34 = 272 bytes for 128-wide
 // rows. Both keep the 16-byte alignment cooperative loads need and spread 8 consecutive rows over all
 // 32 banks.
+#if NOPAD
+const PK = 8u;
+const PN = 32u;
+#else
 const PK = 10u;
 const PN = 34u;
+#endif
 
 var<workgroup> As: array<vec4<f16>, BM * PK>; // As[m][k / 4]
 #if TRANS_B
@@ -329,9 +341,15 @@ fn matmul_coop(
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
 
+    let ksteps = (p.k + BK - 1u) / BK;
+#if NOPREFETCH
+    for (var t = 0u; t < ksteps; t++) {
+        store_a(lid, load_a(lid, m0, t * BK, a_base));
+        store_b(lid, load_b(lid, n0, t * BK, b_base));
+        workgroupBarrier();
+#else
     var ra = load_a(lid, m0, 0u, a_base);
     var rb = load_b(lid, n0, 0u, b_base);
-    let ksteps = (p.k + BK - 1u) / BK;
     for (var t = 0u; t < ksteps; t++) {
         store_a(lid, ra);
         store_b(lid, rb);
@@ -340,6 +358,7 @@ fn matmul_coop(
             ra = load_a(lid, m0, (t + 1u) * BK, a_base);
             rb = load_b(lid, n0, (t + 1u) * BK, b_base);
         }
+#endif
         for (var ks = 0u; ks < BK / 16u; ks++) {
             let a0 = load_am(0u, wm, ks);
             let a1 = load_am(1u, wm, ks);

@@ -4,11 +4,13 @@
 //   layernorm    out = (x - mean) / sqrt(var + eps) * gamma + beta (gamma, beta optional); the mean is
 //                reduced first (relative to the row's first value) and the variance from centred
 //                values (no E[x^2] - E[x]^2 cancellation)
-// Rows are re-read after the reductions (from L1/L2 at LLM widths).
+// Short rows are held in registers and read once (CACHE); long ones are re-read after each
+// reduction (from L1/L2 at LLM widths).
 //
 // Specialisation:
-//   KIND     0 rmsnorm, 1 add_rmsnorm, 2 layernorm
-//   TX, TR, TW, TB, TS, TO   element types (f32|f16) of x, res, weight/gamma, beta, sum, out; F16 if any
+//   KIND_RMS, KIND_ADD, KIND_LN   which of the three
+//   VX, VR, VW_, VB, VS, VO  element types (f32|f16, vec4 with VEC4) of x, res, weight/gamma, beta,
+//            sum, out; F16 if any is f16; TW, TB: gamma and beta scalar types for GroupNorm
 //   GAMMA, BETA              layernorm's optional affine parameters are bound
 //   VEC4     every tensor bound as vec4 arrays (n % 4 == 0 and all base offsets % 4 == 0)
 //   ACC_X, ACC_R             "read", or "read_write" for an input that shares a buffer with an output

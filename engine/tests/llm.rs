@@ -136,3 +136,72 @@ fn chat_session_reuses_the_cache_and_limits_hold() {
     let y = s.generate(gpu, &prompt, &sopts, &cancel, &mut |_| {}).unwrap();
     assert_eq!(x.tokens, y.tokens);
 }
+
+/// A copy of a fixture folder in a fresh temp dir.
+fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm").join(name);
+    let dst = std::env::temp_dir().join(format!("drift-{tag}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+#[test]
+fn sharded_safetensors_with_an_index_load_like_one_file() {
+    use drift_engine::models::load::open_llm;
+    let gpu = gpu_f32();
+    let dir = copy_fixture("llama-gqa", "sharded");
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let (a, b) = names.split_at(names.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (i, part) in [a, b].iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView)> =
+            part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+        safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
+        for n in part.iter() {
+            map.insert(n.clone(), file.clone().into());
+        }
+    }
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+
+    let (_, r) = fixture("llama-gqa");
+    let prompt = ids(&r["prompt_ids"]);
+    let mut sharded = open_llm(gpu, &dir, Some(32)).unwrap();
+    let (mut single, _) = session(gpu, "llama-gqa");
+    assert_eq!(sharded.prompt_logits(gpu, &prompt).unwrap(), single.prompt_logits(gpu, &prompt).unwrap());
+
+    // A missing shard and a truncated shard are clear errors.
+    std::fs::copy(dir.join("model-00002-of-00002.safetensors"), dir.join("keep")).unwrap();
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = open_llm(gpu, &dir, Some(32)).err().unwrap().to_string();
+    assert!(e.contains("missing"), "{e}");
+    let full = std::fs::read(dir.join("keep")).unwrap();
+    std::fs::write(dir.join("model-00002-of-00002.safetensors"), &full[..full.len() - 100]).unwrap();
+    let e = open_llm(gpu, &dir, Some(32)).err().unwrap().to_string();
+    assert!(e.contains("truncated") || e.contains("valid"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_architectures_and_pickles_are_refused_clearly() {
+    use drift_engine::models::load::open_llm;
+    let gpu = gpu_f32();
+    let dir = copy_fixture("llama-gqa", "arch");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("LlamaForCausalLM", "FalconForCausalLM");
+    std::fs::write(dir.join("config.json"), cfg).unwrap();
+    let e = open_llm(gpu, &dir, None).err().unwrap().to_string();
+    assert!(e.contains("FalconForCausalLM"), "{e}");
+    let e = open_llm(gpu, &dir.join("pytorch_model.bin"), None).err().unwrap().to_string();
+    assert!(e.contains("pickle"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,11 +1,12 @@
 //! GGUF, llama.cpp's model format (versions 2 and 3, little-endian), read memory-mapped.
 //!
 //! Layout: magic `GGUF`, u32 version, u64 tensor count, u64 metadata count, the metadata key/value
-//! pairs, the tensor infos (name, dims in ggml order, ggml type, offset into the data section), padding
-//! to `general.alignment` (default 32), then the tensor data. Every length, count and offset is checked
-//! against the bytes actually present before anything is allocated or sliced, so a truncated or hostile
-//! file gives a [`DriftError`] naming the problem, never a panic, an overflow or a huge allocation
-//! (a count is refused when the remaining bytes could not hold that many of the smallest element).
+//! pairs, the tensor infos (name, dims in ggml order, ggml type, offset into the data section),
+//! padding to `general.alignment` (default 32), then the tensor data. Every length, count and
+//! offset is checked against the bytes actually present before anything is allocated or sliced, so
+//! a truncated or hostile file gives a [`DriftError`] naming the problem, never a panic, an
+//! overflow or a huge allocation (a count is refused when the remaining bytes could not hold that
+//! many of the smallest element).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -76,8 +77,8 @@ const T_U64: u32 = 10;
 const T_I64: u32 = 11;
 const T_F64: u32 = 12;
 
-/// Smallest encoding of one element of value type `t` (a string is at least its u64 length, an array
-/// at least its u32 type and u64 count); None for unknown types.
+/// Smallest encoding of one element of value type `t` (a string is at least its u64 length, an
+/// array at least its u32 type and u64 count); None for unknown types.
 fn min_size(t: u32) -> Option<usize> {
     Some(match t {
         T_U8 | T_I8 | T_BOOL => 1,
@@ -140,7 +141,10 @@ impl GgufValue {
         match *self {
             GgufValue::F32(x) => Some(x as f64),
             GgufValue::F64(x) => Some(x),
-            _ => self.as_i64().map(|x| x as f64).or_else(|| self.as_u64().map(|x| x as f64)),
+            _ => self
+                .as_i64()
+                .map(|x| x as f64)
+                .or_else(|| self.as_u64().map(|x| x as f64)),
         }
     }
 
@@ -222,7 +226,10 @@ impl GgufArray {
             GgufArray::F32(_) => "f32".into(),
             GgufArray::Bool(_) => "bool".into(),
             GgufArray::Str(_) => "str".into(),
-            GgufArray::Array(v) => v.first().map(|a| a.type_name()).unwrap_or_else(|| "[]".into()),
+            GgufArray::Array(v) => v
+                .first()
+                .map(|a| a.type_name())
+                .unwrap_or_else(|| "[]".into()),
             GgufArray::U64(_) => "u64".into(),
             GgufArray::I64(_) => "i64".into(),
             GgufArray::F64(_) => "f64".into(),
@@ -247,7 +254,10 @@ impl GgufArray {
             GgufArray::U32(v) => v.iter().map(|&x| x as i64).collect(),
             GgufArray::I32(v) => v.iter().map(|&x| x as i64).collect(),
             GgufArray::I64(v) => v.clone(),
-            GgufArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
+            GgufArray::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x).ok())
+                .collect::<Option<_>>()?,
             _ => return None,
         })
     }
@@ -257,7 +267,9 @@ impl GgufArray {
         match self {
             GgufArray::F32(v) => Some(v.iter().map(|&x| x as f64).collect()),
             GgufArray::F64(v) => Some(v.clone()),
-            _ => self.to_i64_vec().map(|v| v.into_iter().map(|x| x as f64).collect()),
+            _ => self
+                .to_i64_vec()
+                .map(|v| v.into_iter().map(|x| x as f64).collect()),
         }
     }
 }
@@ -372,13 +384,14 @@ impl GgufTensorInfo {
         self.shape.iter().rev().copied().collect()
     }
 
-    /// The engine dtype; a clear error for types Drift does not run (K-quants other than Q4_K/Q5_K/Q6_K,
-    /// i-quants, integer tensors...) or does not know.
+    /// The engine dtype; a clear error for types Drift does not run (K-quants other than
+    /// Q4_K/Q5_K/Q6_K, i-quants, integer tensors...) or does not know.
     pub fn dtype(&self) -> Result<DType> {
         self.ggml_type.dtype().ok_or_else(|| {
             DriftError::Unsupported(format!(
-                "tensor {} is stored as {}, which Drift does not run (it runs F32, F16, BF16, Q8_0, Q4_0, \
-                 Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); re-quantize the model to one of those",
+                "tensor {} is stored as {}, which Drift does not run (it runs F32, F16, BF16, \
+                 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); re-quantize the model to \
+                 one of those",
                 self.name, self.ggml_type
             ))
         })
@@ -468,8 +481,8 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// A count of elements that take at least `min_size` bytes each, refused when the rest of the file
-    /// could not hold them (this bounds every allocation by the file size).
+    /// A count of elements that take at least `min_size` bytes each, refused when the rest of the
+    /// file could not hold them (this bounds every allocation by the file size).
     fn count(&self, n: u64, min_size: usize, what: &str) -> Result<usize> {
         let fits = (self.remaining() / min_size.max(1)) as u64;
         if n > fits {
@@ -512,10 +525,13 @@ impl<'a> Cursor<'a> {
 
     fn array_value(&mut self, depth: usize, what: &str) -> Result<GgufArray> {
         if depth >= MAX_ARRAY_DEPTH {
-            return Err(self.err(format!("{what} nests arrays deeper than {MAX_ARRAY_DEPTH} levels")));
+            return Err(self.err(format!(
+                "{what} nests arrays deeper than {MAX_ARRAY_DEPTH} levels"
+            )));
         }
         let t = self.u32(what)?;
-        let min = min_size(t).ok_or_else(|| self.err(format!("{what} is an array of unknown type {t}")))?;
+        let min = min_size(t)
+            .ok_or_else(|| self.err(format!("{what} is an array of unknown type {t}")))?;
         let n = self.u64(what)?;
         let n = self.count(n, min, what)?;
         // Fixed-size elements: one bounds check for the whole run, then decode.
@@ -524,7 +540,9 @@ impl<'a> Cursor<'a> {
                 const W: usize = std::mem::size_of::<$ty>();
                 let raw = self.take(n * W, what)?;
                 GgufArray::$variant(
-                    raw.chunks_exact(W).map(|c| <$ty>::from_le_bytes(c.try_into().unwrap())).collect(),
+                    raw.chunks_exact(W)
+                        .map(|c| <$ty>::from_le_bytes(c.try_into().unwrap()))
+                        .collect(),
                 )
             }};
         }
@@ -541,7 +559,11 @@ impl<'a> Cursor<'a> {
             T_I64 => fixed!(I64, i64),
             T_F64 => fixed!(F64, f64),
             T_STR => GgufArray::Str((0..n).map(|_| self.string(what)).collect::<Result<_>>()?),
-            _ => GgufArray::Array((0..n).map(|_| self.array_value(depth + 1, what)).collect::<Result<_>>()?),
+            _ => GgufArray::Array(
+                (0..n)
+                    .map(|_| self.array_value(depth + 1, what))
+                    .collect::<Result<_>>()?,
+            ),
         })
     }
 }
@@ -555,8 +577,8 @@ impl GgufFile {
         let data = if len == 0 {
             Backing::Owned(Vec::new())
         } else {
-            // SAFETY: the map is read-only; a file truncated underneath us is the one hazard, as in every
-            // mmap-based loader. Every offset is validated against the length we mapped.
+            // SAFETY: the map is read-only; a file truncated underneath us is the one hazard, as in
+            // every mmap-based loader. Every offset is validated against the length we mapped.
             Backing::Map(unsafe { Mmap::map(&file) }.map_err(io)?)
         };
         GgufFile::parse(path.display().to_string(), data)
@@ -569,9 +591,16 @@ impl GgufFile {
 
     fn parse(name: String, data: Backing) -> Result<GgufFile> {
         let buf = data.bytes();
-        let mut c = Cursor { buf, pos: 0, name: &name };
+        let mut c = Cursor {
+            buf,
+            pos: 0,
+            name: &name,
+        };
         let magic = c.take(4, "the magic number").map_err(|_| {
-            DriftError::Other(format!("{name}: not a GGUF file (only {} bytes long)", buf.len()))
+            DriftError::Other(format!(
+                "{name}: not a GGUF file (only {} bytes long)",
+                buf.len()
+            ))
         })?;
         if magic != GGUF_MAGIC {
             return Err(DriftError::Other(format!(
@@ -583,7 +612,8 @@ impl GgufFile {
             2 | 3 => {}
             1 => {
                 return Err(DriftError::Unsupported(format!(
-                    "{name}: GGUF version 1 (2023) is not supported; re-convert the model with a current llama.cpp"
+                    "{name}: GGUF version 1 (2023) is not supported; re-convert the model with a \
+                     current llama.cpp"
                 )));
             }
             v if v & 0xffff == 0 && v != 0 => {
@@ -591,7 +621,11 @@ impl GgufFile {
                     "{name}: big-endian GGUF files are not supported (version field {v:#x})"
                 )));
             }
-            v => return Err(DriftError::Unsupported(format!("{name}: unknown GGUF version {v} (Drift reads 2 and 3)"))),
+            v => {
+                return Err(DriftError::Unsupported(format!(
+                    "{name}: unknown GGUF version {v} (Drift reads 2 and 3)"
+                )));
+            }
         }
         let n_tensors = c.u64("the tensor count")?;
         let n_kv = c.u64("the metadata count")?;
@@ -617,7 +651,9 @@ impl GgufFile {
             let tname = c.string(&format!("the name of tensor #{i}"))?;
             let n_dims = c.u32(&format!("the rank of tensor {tname}"))? as usize;
             if n_dims > MAX_DIMS {
-                return Err(c.err(format!("tensor {tname} has {n_dims} dimensions (ggml allows {MAX_DIMS})")));
+                return Err(c.err(format!(
+                    "tensor {tname} has {n_dims} dimensions (ggml allows {MAX_DIMS})"
+                )));
             }
             let mut ne = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -638,7 +674,8 @@ impl GgufFile {
                 Some(a) if a.is_power_of_two() && a <= 1 << 30 => a,
                 _ => {
                     return Err(DriftError::Other(format!(
-                        "{name}: invalid GGUF file: general.alignment is {v} ({}); it must be a power of two",
+                        "{name}: invalid GGUF file: general.alignment is {v} ({}); it must be a \
+                         power of two",
                         v.type_name()
                     )));
                 }
@@ -649,7 +686,9 @@ impl GgufFile {
 
         let mut tensors = Vec::with_capacity(raw.len());
         for (tname, ne, ggml_type, offset) in raw {
-            let bad = |msg: String| DriftError::Other(format!("{name}: invalid GGUF file: tensor {tname} {msg}"));
+            let bad = |msg: String| {
+                DriftError::Other(format!("{name}: invalid GGUF file: tensor {tname} {msg}"))
+            };
             let mut numel: u64 = 1;
             for &d in &ne {
                 if d > i64::MAX as u64 {
@@ -661,20 +700,25 @@ impl GgufFile {
                     .ok_or_else(|| bad(format!("has dimensions {ne:?} whose product overflows")))?;
             }
             if offset % alignment != 0 {
-                return Err(bad(format!("starts at data offset {offset}, not a multiple of the alignment {alignment}")));
+                return Err(bad(format!(
+                    "starts at data offset {offset}, not a multiple of the alignment {alignment}"
+                )));
             }
             let n_bytes = match ggml_type.block() {
                 Some((block_elems, block_bytes)) => {
                     let row = ne.first().copied().unwrap_or(1);
                     if row % block_elems != 0 {
                         return Err(bad(format!(
-                            "has rows of {row} values, not a whole number of {ggml_type} blocks of {block_elems}"
+                            "has rows of {row} values, not a whole number of {ggml_type} blocks \
+                             of {block_elems}"
                         )));
                     }
                     Some(
                         (numel / block_elems)
                             .checked_mul(block_bytes)
-                            .ok_or_else(|| bad(format!("has dimensions {ne:?} whose byte size overflows")))?,
+                            .ok_or_else(|| {
+                                bad(format!("has dimensions {ne:?} whose byte size overflows"))
+                            })?,
                     )
                 }
                 None => None,
@@ -682,18 +726,27 @@ impl GgufFile {
             let start = data_offset
                 .checked_add(offset)
                 .filter(|&s| s <= file_len)
-                .ok_or_else(|| bad(format!("starts at byte {data_offset} + {offset}, past the end of the file ({file_len} bytes; truncated download?)")))?;
+                .ok_or_else(|| {
+                    bad(format!(
+                        "starts at byte {data_offset} + {offset}, past the end of the file \
+                         ({file_len} bytes; truncated download?)"
+                    ))
+                })?;
             if let Some(n) = n_bytes
                 && n > file_len - start
             {
                 return Err(bad(format!(
-                    "needs {n} bytes at byte {start} but the file has {file_len} (truncated download?)"
+                    "needs {n} bytes at byte {start} but the file has {file_len} (truncated \
+                     download?)"
                 )));
             }
             let shape = ne
                 .iter()
                 .rev()
-                .map(|&d| usize::try_from(d).map_err(|_| bad(format!("dimension {d} is too large for this machine"))))
+                .map(|&d| {
+                    usize::try_from(d)
+                        .map_err(|_| bad(format!("dimension {d} is too large for this machine")))
+                })
                 .collect::<Result<Vec<_>>>()?;
             tensors.push(GgufTensorInfo {
                 name: tname,
@@ -791,8 +844,12 @@ impl GgufFile {
 
     /// `general.architecture` (`llama`, `qwen2`...).
     pub fn architecture(&self) -> Result<&str> {
-        self.get_str("general.architecture")
-            .ok_or_else(|| DriftError::Other(format!("{}: GGUF metadata lacks general.architecture", self.name)))
+        self.get_str("general.architecture").ok_or_else(|| {
+            DriftError::Other(format!(
+                "{}: GGUF metadata lacks general.architecture",
+                self.name
+            ))
+        })
     }
 
     pub fn tensors(&self) -> &[GgufTensorInfo] {
@@ -807,12 +864,15 @@ impl GgufFile {
         self.tensor_index.contains_key(name)
     }
 
-    /// The raw bytes of a tensor (ggml layout: blocks along rows for quantized types), borrowed from the
-    /// map.
+    /// The raw bytes of a tensor (ggml layout: blocks along rows for quantized types), borrowed
+    /// from the map.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
-        let info = self
-            .tensor(name)
-            .ok_or_else(|| DriftError::Other(format!("{}: the GGUF file has no tensor named {name}", self.name)))?;
+        let info = self.tensor(name).ok_or_else(|| {
+            DriftError::Other(format!(
+                "{}: the GGUF file has no tensor named {name}",
+                self.name
+            ))
+        })?;
         self.info_bytes(info)
     }
 
@@ -824,21 +884,50 @@ impl GgufFile {
                 self.name, info.name, info.ggml_type
             ))
         })?;
-        // Both were checked against the file length when the file was parsed.
-        let start = info.file_offset as usize;
-        Ok(&self.data.bytes()[start..start + n as usize])
+        // Checked against the file length at parse time; `get` also refuses an info from another
+        // file.
+        usize::try_from(info.file_offset)
+            .ok()
+            .and_then(|start| {
+                self.data
+                    .bytes()
+                    .get(start..start.checked_add(usize::try_from(n).ok()?)?)
+            })
+            .ok_or_else(|| {
+                DriftError::Other(format!(
+                    "{}: tensor {} lies outside this file",
+                    self.name, info.name
+                ))
+            })
     }
 
     /// A tensor's engine dtype, row-major shape and bytes.
     pub fn tensor_data(&self, name: &str) -> Result<(DType, &[usize], &[u8])> {
-        let bytes = self.tensor_bytes(name)?;
-        let info = self.tensor(name).expect("found above");
-        Ok((info.dtype()?, &info.shape, bytes))
+        let info = self.tensor(name).ok_or_else(|| {
+            DriftError::Other(format!(
+                "{}: the GGUF file has no tensor named {name}",
+                self.name
+            ))
+        })?;
+        Ok((info.dtype()?, &info.shape, self.info_bytes(info)?))
+    }
+
+    /// A plain (F32, F16, BF16) tensor's values as f32, with its row-major shape: norms, biases,
+    /// rope factors. Block-quantized tensors are refused.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let (dtype, shape, bytes) = self.tensor_data(name)?;
+        if dtype.is_quantized() {
+            return Err(DriftError::Unsupported(format!(
+                "{}: tensor {name} is {dtype:?}; tensor_f32 decodes F32, F16 and BF16 only",
+                self.name
+            )));
+        }
+        Ok((shape.to_vec(), crate::gpu::decode_f32(bytes, dtype)?))
     }
 
     /// Which rotary pairing the q/k weights expect: llama.cpp's converter permutes the rows of
-    /// `attn_q`/`attn_k` of `llama` models so rope rotates adjacent pairs; `qwen2` keeps Hugging Face's
-    /// half-split layout.
+    /// `attn_q`/`attn_k` of `llama` models so rope rotates adjacent pairs; `qwen2` keeps Hugging
+    /// Face's half-split layout.
     pub fn rope_pairs(&self) -> Result<RopePairs> {
         Ok(match self.architecture()? {
             "qwen2" => RopePairs::HalfSplit,
@@ -846,26 +935,24 @@ impl GgufFile {
         })
     }
 
-    /// Per-pair rope frequency divisors from the `rope_freqs.weight` tensor that llama.cpp's converter
-    /// writes for Llama 3.1/3.2 (llama3 rope scaling is stored this way, not as metadata), if present.
+    /// Per-pair rope frequency divisors from the `rope_freqs.weight` tensor that llama.cpp's
+    /// converter writes for Llama 3.1/3.2 (llama3 rope scaling is stored this way, not as
+    /// metadata), if present.
     pub fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
-        let Some(info) = self.tensor("rope_freqs.weight") else {
+        if !self.has_tensor("rope_freqs.weight") {
             return Ok(None);
-        };
-        if info.ggml_type != GgmlType(0) {
-            return Err(DriftError::Unsupported(format!(
-                "{}: rope_freqs.weight is {}, expected F32",
-                self.name, info.ggml_type
-            )));
         }
-        let bytes = self.info_bytes(info)?;
-        Ok(Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()))
+        Ok(Some(self.tensor_f32("rope_freqs.weight")?.1))
     }
 
     /// Every token id that ends generation: `eos_token_id`, plus `eot_token_id` and `eom_token_id`.
     pub fn eos_ids(&self) -> Vec<u32> {
         let mut eos = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(id) = self.get_u32(key)
                 && !eos.contains(&id)
             {
@@ -875,7 +962,8 @@ impl GgufFile {
         eos
     }
 
-    /// The LLM hyper-parameters of a `llama` (Llama, SmolLM2, Mistral) or `qwen2` (Qwen2, Qwen2.5) file.
+    /// The LLM hyper-parameters of a `llama` (Llama, SmolLM2, Mistral) or `qwen2` (Qwen2, Qwen2.5)
+    /// file.
     ///
     /// Llama 3.1/3.2 rope scaling is not in the metadata: see [`GgufFile::rope_freq_factors`].
     pub fn llm_config(&self) -> Result<LlmConfig> {
@@ -900,7 +988,12 @@ impl GgufFile {
                     .as_u64()
                     .and_then(|x| usize::try_from(x).ok())
                     .map(Some)
-                    .ok_or_else(|| bad(format!("GGUF metadata {k} is {v} ({}), expected a count", v.type_name()))),
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "GGUF metadata {k} is {v} ({}), expected a count",
+                            v.type_name()
+                        ))
+                    }),
             }
         };
         let need = |k: &str| -> Result<usize> {
@@ -911,10 +1004,12 @@ impl GgufFile {
             match self.metadata(&k) {
                 None => Ok(None),
                 Some(GgufValue::F32(x)) => Ok(Some(f32_decimal(*x))),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| bad(format!("GGUF metadata {k} is {v} ({}), expected a number", v.type_name()))),
+                Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                    bad(format!(
+                        "GGUF metadata {k} is {v} ({}), expected a number",
+                        v.type_name()
+                    ))
+                }),
             }
         };
 
@@ -938,7 +1033,9 @@ impl GgufFile {
             _ => int("attention.head_count_kv")?.unwrap_or(n_heads),
         };
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(bad(format!("{n_heads} attention heads cannot share {n_kv_heads} key/value heads")));
+            return Err(bad(format!(
+                "{n_heads} attention heads cannot share {n_kv_heads} key/value heads"
+            )));
         }
         let head_dim = int("attention.key_length")?.unwrap_or(hidden / n_heads);
         if let Some(v) = int("attention.value_length")?
@@ -950,7 +1047,9 @@ impl GgufFile {
             )));
         }
         if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(bad(format!("head_dim {head_dim} must be even and non-zero")));
+            return Err(bad(format!(
+                "head_dim {head_dim} must be even and non-zero"
+            )));
         }
         if let Some(rot) = int("rope.dimension_count")?
             && rot != head_dim
@@ -964,11 +1063,18 @@ impl GgufFile {
             None | Some("none") => {}
             Some("linear") if float("rope.scaling.factor")?.unwrap_or(1.0) == 1.0 => {}
             Some(other) => {
-                return Err(DriftError::Unsupported(format!("{}: rope scaling type {other:?}", self.name)));
+                return Err(DriftError::Unsupported(format!(
+                    "{}: rope scaling type {other:?}",
+                    self.name
+                )));
             }
         }
-        let rms_eps = float("attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| bad(format!("GGUF metadata lacks {}", key("attention.layer_norm_rms_epsilon"))))?;
+        let rms_eps = float("attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
+            bad(format!(
+                "GGUF metadata lacks {}",
+                key("attention.layer_norm_rms_epsilon")
+            ))
+        })?;
 
         let vocab = match self.get_array("tokenizer.ggml.tokens") {
             Some(a) => a.len(),
@@ -977,7 +1083,9 @@ impl GgufFile {
                 None => self
                     .tensor("token_embd.weight")
                     .and_then(|t| t.shape.first().copied())
-                    .ok_or_else(|| bad("GGUF file has neither a token list nor token_embd.weight".into()))?,
+                    .ok_or_else(|| {
+                        bad("GGUF file has neither a token list nor token_embd.weight".into())
+                    })?,
             },
         };
         if let Some(t) = self.tensor("token_embd.weight")
@@ -1007,8 +1115,41 @@ impl GgufFile {
             qkv_bias: self.has_tensor("blk.0.attn_q.bias"),
             bos: self.get_u32("tokenizer.ggml.bos_token_id"),
             eos: self.eos_ids(),
+            sliding_window: None,
         })
     }
+}
+
+/// The GGUF name of a Hugging Face llama/qwen2 tensor name
+/// (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`), or None for names
+/// llama.cpp's converter does not produce.
+pub fn gguf_tensor_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let short = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    matches!(suffix, "weight" | "bias").then(|| format!("blk.{layer}.{short}.{suffix}"))
 }
 
 /// An f32 hyper-parameter as the decimal it was written from (1e-5 stored as f32 reads back as

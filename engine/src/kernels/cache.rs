@@ -18,6 +18,10 @@ pub struct KernelSpec {
     /// read-write in the same dispatch, which happens whenever inputs and outputs are views of one arena;
     /// [`crate::Gpu::dispatch`] switches to this variant by itself when the tensors share a buffer.
     pub aliased: bool,
+    /// Compile without runtime bounds checks and loop bounding, and without zeroing workgroup memory.
+    /// Only for kernels whose every index follows from shapes the builder validated and that write
+    /// their workgroup memory before reading it; their self-test checks must cover the edges.
+    pub trusted: bool,
 }
 
 impl KernelSpec {
@@ -28,11 +32,18 @@ impl KernelSpec {
             entry,
             defines: Vec::new(),
             aliased: false,
+            trusted: false,
         }
     }
 
     pub fn define(mut self, key: &'static str, value: impl ToString) -> KernelSpec {
         self.defines.push((key, value.to_string()));
+        self
+    }
+
+    /// See [`KernelSpec::trusted`].
+    pub fn trusted(mut self) -> KernelSpec {
+        self.trusted = true;
         self
     }
 
@@ -45,12 +56,13 @@ impl KernelSpec {
         let mut d = self.defines.clone();
         d.sort();
         format!(
-            "{}:{}:{:?}:{:p}:{}",
+            "{}:{}:{:?}:{:p}:{}:{}",
             self.name,
             self.entry,
             d,
             self.source.as_ptr(),
-            self.aliased
+            self.aliased,
+            self.trusted
         )
     }
 }
@@ -104,16 +116,25 @@ fn compile(device: &wgpu::Device, spec: &KernelSpec) -> Result<Kernel> {
         source = source.replace("var<storage, read>", "var<storage, read_write>");
     }
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(&spec.name),
         source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    };
+    let module = if spec.trusted {
+        // SAFETY: `trusted` kernels index only within ranges their builders validated (see the field).
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    } else {
+        device.create_shader_module(desc)
+    };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&spec.name),
         layout: None,
         module: &module,
         entry_point: Some(spec.entry),
-        compilation_options: Default::default(),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            zero_initialize_workgroup_memory: !spec.trusted,
+            ..Default::default()
+        },
         cache: None,
     });
     if let Some(e) = pollster::block_on(scope.pop()) {

@@ -40,6 +40,8 @@ pub struct LlmConfig {
     pub qkv_bias: bool,
     pub bos: Option<u32>,
     pub eos: Vec<u32>,
+    /// Mistral's sliding attention window, when active: Drift caps the context to it, which is exact.
+    pub sliding_window: Option<usize>,
 }
 
 impl LlmConfig {
@@ -120,6 +122,11 @@ impl LlmConfig {
             qkv_bias: arch == Arch::Qwen2 || v["attention_bias"].as_bool().unwrap_or(false),
             bos: v["bos_token_id"].as_u64().map(|x| x as u32),
             eos,
+            sliding_window: if v["use_sliding_window"].as_bool() == Some(false) {
+                None
+            } else {
+                opt(v, "sliding_window")
+            },
         })
     }
 

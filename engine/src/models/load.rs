@@ -22,7 +22,11 @@ pub fn open_llm(gpu: &Gpu, path: &Path, context: Option<usize>) -> Result<LlmSes
     }
     let folder = if path.is_file() && lower.ends_with(".safetensors") { path.parent().unwrap_or(path) } else { path };
     let f = HfFolder::open(folder)?;
-    let ctx = context.unwrap_or(DEFAULT_CONTEXT).min(f.config.max_positions).max(1);
+    let mut ctx = context.unwrap_or(DEFAULT_CONTEXT).min(f.config.max_positions).max(1);
+    if let Some(w) = f.config.sliding_window {
+        // Within the window, sliding-window attention is plain causal attention.
+        ctx = ctx.min(w);
+    }
     let weights = LlamaWeights::load(gpu, &f.config, &f.weights, RopePairs::HalfSplit)?;
     let model = LlamaModel::new(gpu, f.config, weights, ctx)?;
     LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos)

@@ -8,7 +8,7 @@ use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
-use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use crate::kernels::attention::{AttentionOptions, AttentionVariant, PrefillTile, attention};
 use crate::memory::Category;
 use crate::reference::attention::{self as r, Dims};
 use crate::tensor::{DType, Tensor};
@@ -31,6 +31,7 @@ pub struct Case {
     pub variant: AttentionVariant,
     pub subgroups: Option<bool>,
     pub splits: Option<usize>,
+    pub tile: Option<PrefillTile>,
     /// Element offsets of q, k/v and out inside larger buffers (views).
     pub q_offset: usize,
     pub kv_offset: usize,
@@ -56,6 +57,7 @@ impl Case {
             variant: AttentionVariant::Auto,
             subgroups: None,
             splits: None,
+            tile: None,
             q_offset: 0,
             kv_offset: 0,
             out_offset: 0,
@@ -150,6 +152,16 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 .steps(&[(40, 39)])
         },
     ];
+    // Tile shapes other devices pick (where this one's workgroup memory allows).
+    for (ny, tk) in [(8, 2), (16, 4), (4, 1)] {
+        let tile = PrefillTile { ny, tk };
+        if tile.shared_bytes(40, false) <= gpu.caps.max_workgroup_storage as usize {
+            cases.push(Case {
+                tile: Some(tile),
+                ..Case::new(1, 21, 45, 4, 2, 40, true).steps(&[(45, 24)])
+            });
+        }
+    }
     if gpu.caps.subgroup {
         // The workgroup-memory reduction on a device that would pick subgroups.
         cases.push(Case {
@@ -230,7 +242,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         variant: c.variant,
         subgroups: c.subgroups,
         splits: c.splits,
-        prefill_tile: None,
+        prefill_tile: c.tile,
     };
     let mut prog = Program::new();
     prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);
@@ -281,7 +293,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         let got = gpu.read_f32(&o)?;
         checks.push(compare(
             format!(
-                "{kernel} B{} Lq{} Lkv{}/{} H{}/{} D{d} pos{q_pos0}{}{}{}{}",
+                "{kernel} B{} Lq{} Lkv{}/{} H{}/{} D{d} pos{q_pos0}{}{}{}{}{}",
                 c.batch,
                 c.q_len,
                 kv_len,
@@ -295,6 +307,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
                 } else {
                     ""
                 },
+                c.tile
+                    .map(|t| format!(" tile{}x{}", t.ny, t.tk))
+                    .unwrap_or_default(),
                 if c.q_offset + c.kv_offset + c.out_offset > 0 {
                     format!(" views@{}/{}/{}", c.q_offset, c.kv_offset, c.out_offset)
                 } else {

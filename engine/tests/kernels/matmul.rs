@@ -88,6 +88,28 @@ fn matmul_coop_compiles_to_spirv() {
         }
     }
     assert_eq!(n, 2 * (64 + 32 + 64));
+    // The bench-only A/B switches, on one configuration each way.
+    for (nopad, nopre) in [("1", "0"), ("0", "1"), ("1", "1")] {
+        for trans in ["0", "1"] {
+            let d: Vec<(&'static str, String)> = [
+                ("TO", "f16"),
+                ("TB", "f16"),
+                ("TRANS_B", trans),
+                ("BIAS", "1"),
+                ("VA", "1"),
+                ("VB", "1"),
+                ("VO", "1"),
+                ("DIRECT", "0"),
+                ("EPI4", "1"),
+                ("NOPAD", nopad),
+                ("NOPREFETCH", nopre),
+            ]
+            .iter()
+            .map(|&(k, v)| (k, v.to_string()))
+            .collect();
+            to_spirv("matmul_coop", source, &d);
+        }
+    }
 }
 
 /// The portable kernels' specialisations that lavapipe does not select (vector widths, tile sizes,
@@ -164,11 +186,15 @@ pub fn fill(gpu: &drift_engine::Gpu, t: &drift_engine::Tensor, seed: u64) {
     }
 }
 
-/// Median GPU time per dispatch (timestamps) over a few runs of `dispatches`, in microseconds.
+/// Median GPU time per dispatch (timestamps) over a few runs of `dispatches`, in microseconds, after
+/// half a second of warm-up (GPUs idle at low clocks; short bursts would be timed before the ramp).
 pub fn time_us(gpu: &drift_engine::Gpu, dispatches: Vec<drift_engine::Dispatch>) -> f64 {
     let mut prog = drift_engine::Program::new();
     prog.extend(dispatches);
-    prog.run(gpu).unwrap();
+    let warm = std::time::Instant::now();
+    while warm.elapsed().as_secs_f64() < 0.5 {
+        prog.run(gpu).unwrap();
+    }
     let mut profiler = drift_engine::profiler::Profiler::new();
     let mut times = Vec::new();
     for _ in 0..3 {
@@ -336,5 +362,62 @@ fn bench_matmul() {
             if trans { " b^T" } else { "" },
             matmul_flops(1, m, n, k) / us / 1e6
         );
+    }
+    if coop && s == 1 {
+        // A/B: the cooperative kernel without the workgroup-memory row padding.
+        use drift_engine::exec::Cost;
+        use drift_engine::kernels::{KernelSpec, grid};
+        let n = 4096usize;
+        let a = gpu
+            .tensor("a", &[n, n], DType::F16, Category::Activations)
+            .unwrap();
+        let b = gpu
+            .tensor("b", &[n, n], DType::F16, Category::Weights)
+            .unwrap();
+        let o = gpu
+            .tensor("o", &[n, n], DType::F16, Category::Activations)
+            .unwrap();
+        fill(gpu, &a, 1);
+        fill(gpu, &b, 2);
+        for (nopad, nopre) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            let spec = KernelSpec::new(
+                format!("coop_nopad{nopad}_nopre{nopre}"),
+                drift_engine::shader!("matmul_coop.wgsl"),
+                "matmul_coop",
+            )
+            .defines(vec![
+                ("TO", "f16".into()),
+                ("TB", "f16".into()),
+                ("F16", "1".into()),
+                ("VA", "1".into()),
+                ("VB", "1".into()),
+                ("BIAS", "0".into()),
+                ("TRANS_B", "1".into()),
+                ("VO", "1".into()),
+                ("DIRECT", "0".into()),
+                ("EPI4", "1".into()),
+                ("NOPAD", nopad.to_string()),
+                ("NOPREFETCH", nopre.to_string()),
+            ]);
+            let kernel = gpu.kernel(&spec).unwrap();
+            let t = (n / 128) as u32;
+            let nn = n as u32;
+            let params = [nn, nn, nn, t, t, t * t, nn * nn, 0, nn * nn, nn, 0, nn, 1];
+            let ds: Vec<_> = (0..5)
+                .map(|_| {
+                    let cost = Cost {
+                        flops: 0.0,
+                        bytes: 0.0,
+                    };
+                    gpu.dispatch(&kernel, &params, &[&a, &b, &o], grid(t * t, 65535), cost)
+                        .unwrap()
+                })
+                .collect();
+            let us = time_us(gpu, ds);
+            println!(
+                "BENCH coop nopad={nopad} noprefetch={nopre} 4096^3 b^T: {us:.1} us, {:.1} TFLOP/s",
+                matmul_flops(1, n, n, n) / us / 1e6
+            );
+        }
     }
 }
