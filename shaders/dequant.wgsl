@@ -56,7 +56,8 @@ fn u32_at(b: u32) -> u32 {
 #if ALIGNED
     return w[i];
 #else
-    return sh16(w[i], w[i + 1u], (b & 2u) != 0u);
+    let o = (b & 2u) != 0u;
+    return sh16(w[i], w[i + select(0u, 1u, o)], o);
 #endif
 }
 
@@ -70,8 +71,10 @@ fn words4(b: u32) -> array<u32, 4> {
 #if ALIGNED
     return array<u32, 4>(w0, w1, w2, w3);
 #else
-    let w4 = w[i + 4u];
+    // The fifth word only holds data when b is not word aligned (else re-read the fourth): every
+    // read stays inside the tensor, which the kernels compiled without bounds checks rely on.
     let o = (b & 2u) != 0u;
+    let w4 = w[i + select(3u, 4u, o)];
     return array<u32, 4>(sh16(w0, w1, o), sh16(w1, w2, o), sh16(w2, w3, o), sh16(w3, w4, o));
 #endif
 }
@@ -90,8 +93,8 @@ fn words8(b: u32) -> array<u32, 8> {
 #if ALIGNED
     return array<u32, 8>(w0, w1, w2, w3, w4, w5, w6, w7);
 #else
-    let w8 = w[i + 8u];
     let o = (b & 2u) != 0u;
+    let w8 = w[i + select(7u, 8u, o)];
     return array<u32, 8>(
         sh16(w0, w1, o), sh16(w1, w2, o), sh16(w2, w3, o), sh16(w3, w4, o),
         sh16(w4, w5, o), sh16(w5, w6, o), sh16(w6, w7, o), sh16(w7, w8, o),

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use drift_engine::generate::{GenerateOptions, LlmSession, StopReason};
 use drift_engine::models::hf::HfFolder;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights};
-use drift_engine::kernels::qkv_rope::RopePairs;
+use drift_engine::models::llama::QuantScheme;
 use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
@@ -39,7 +39,7 @@ fn fixture(name: &str) -> (HfFolder, Value) {
 
 fn session(gpu: &Gpu, name: &str) -> (LlmSession, Value) {
     let (f, r) = fixture(name);
-    let w = LlamaWeights::load(gpu, &f.config, &f.weights, RopePairs::HalfSplit).unwrap();
+    let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
     let model = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
     (LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos).unwrap(), r)
 }
@@ -176,18 +176,18 @@ fn sharded_safetensors_with_an_index_load_like_one_file() {
 
     let (_, r) = fixture("llama-gqa");
     let prompt = ids(&r["prompt_ids"]);
-    let mut sharded = open_llm(gpu, &dir, Some(32)).unwrap();
+    let mut sharded = open_llm(gpu, &dir, Some(32), QuantScheme::None).unwrap();
     let (mut single, _) = session(gpu, "llama-gqa");
     assert_eq!(sharded.prompt_logits(gpu, &prompt).unwrap(), single.prompt_logits(gpu, &prompt).unwrap());
 
     // A missing shard and a truncated shard are clear errors.
     std::fs::copy(dir.join("model-00002-of-00002.safetensors"), dir.join("keep")).unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
-    let e = open_llm(gpu, &dir, Some(32)).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None).err().unwrap().to_string();
     assert!(e.contains("missing"), "{e}");
     let full = std::fs::read(dir.join("keep")).unwrap();
     std::fs::write(dir.join("model-00002-of-00002.safetensors"), &full[..full.len() - 100]).unwrap();
-    let e = open_llm(gpu, &dir, Some(32)).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None).err().unwrap().to_string();
     assert!(e.contains("truncated") || e.contains("valid"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -199,9 +199,9 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
     let dir = copy_fixture("llama-gqa", "arch");
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("LlamaForCausalLM", "FalconForCausalLM");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
-    let e = open_llm(gpu, &dir, None).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir, None, QuantScheme::None).err().unwrap().to_string();
     assert!(e.contains("FalconForCausalLM"), "{e}");
-    let e = open_llm(gpu, &dir.join("pytorch_model.bin"), None).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir.join("pytorch_model.bin"), None, QuantScheme::None).err().unwrap().to_string();
     assert!(e.contains("pickle"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

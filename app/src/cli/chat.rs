@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
+use drift_engine::models::llama::QuantScheme;
 use drift_engine::models::load::open_llm;
 use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
@@ -23,7 +24,8 @@ pub struct ChatArgs {
 
 pub fn run(options: &GpuOptions, args: &ChatArgs) -> Result<()> {
     let gpu = Gpu::new(options)?;
-    let mut session = open_llm(&gpu, &args.model, args.sampling.context)?;
+    let quant = QuantScheme::parse(&args.sampling.quant)?;
+    let mut session = open_llm(&gpu, &args.model, args.sampling.context, quant)?;
     let mut system = args.system.clone();
     let mut history: Vec<Message> = Vec::new();
     let opts = args.sampling.options();

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 use drift_engine::generate::GenerateOptions;
+use drift_engine::models::llama::QuantScheme;
 use drift_engine::models::load::open_llm;
 use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
@@ -38,6 +39,9 @@ pub struct SamplingArgs {
     /// Context length (tokens held in the KV cache).
     #[arg(long)]
     pub context: Option<usize>,
+    /// Quantise a safetensors model's weights on load: q8_0, q4_0 or mixed-8-4.
+    #[arg(long, default_value = "none")]
+    pub quant: String,
 }
 
 impl SamplingArgs {
@@ -60,7 +64,7 @@ impl SamplingArgs {
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model folder (config.json, *.safetensors, tokenizer.json).
+    /// A Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
@@ -79,7 +83,8 @@ pub struct GenerateArgs {
 
 pub fn run(options: &GpuOptions, args: &GenerateArgs) -> Result<()> {
     let gpu = Gpu::new(options)?;
-    let mut session = open_llm(&gpu, &args.model, args.sampling.context)?;
+    let quant = QuantScheme::parse(&args.sampling.quant)?;
+    let mut session = open_llm(&gpu, &args.model, args.sampling.context, quant)?;
     let text = if args.raw {
         args.prompt.clone()
     } else {

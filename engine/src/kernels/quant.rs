@@ -70,6 +70,10 @@ pub struct QuantTuning {
     pub rows_per_team: u32,
     /// 32-element chunks per row a lane loads before computing (1 or 2).
     pub chunks_per_step: u32,
+    /// Compile without runtime bounds checks ([`KernelSpec::trusted`]): every index the kernels form
+    /// is in range for the shapes the builders validate (the decoders never read past a field's last
+    /// word, partial rows and chunks are clamped).
+    pub trusted: bool,
 }
 
 impl Default for QuantTuning {
@@ -77,6 +81,7 @@ impl Default for QuantTuning {
         QuantTuning {
             rows_per_team: 1,
             chunks_per_step: 2,
+            trusted: true,
         }
     }
 }
@@ -210,7 +215,12 @@ pub fn matvec_quant_shards_tuned(
     let mut n = 0;
     for sh in shards {
         let t = &sh.tensor;
-        if t.rank() != 2 || t.shape[1] != k || sh.row_start != n || t.dtype != dtype {
+        if t.rank() != 2
+            || t.shape[0] == 0
+            || t.shape[1] != k
+            || sh.row_start != n
+            || t.dtype != dtype
+        {
             return Err(shape_err!(
                 "matvec_quant: shards must tile one [N, {k}] {dtype:?} weight in order; got rows from {} of {:?} {:?}",
                 sh.row_start,
@@ -220,6 +230,9 @@ pub fn matvec_quant_shards_tuned(
         }
         check_weight("matvec_quant", t)?;
         n += t.shape[0];
+    }
+    if n == 0 {
+        return Err(shape_err!("matvec_quant: w has no rows"));
     }
     let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
     let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
@@ -320,6 +333,7 @@ pub fn matvec_quant_shards_tuned(
             .define("SG", u8::from(sg))
             .define("BIAS", u8::from(opts.bias.is_some()))
             .define("MIN", u8::from(has_min(dtype)));
+        let spec = if tuning.trusted { spec.trusted() } else { spec };
         let kernel = gpu.kernel(&spec)?;
         let rows = sh.tensor.shape[0];
         let groups = rows.div_ceil(TEAMS * r) as u32;
@@ -397,7 +411,8 @@ pub fn dequantize(gpu: &Gpu, w: &Tensor, out: &Tensor) -> Result<Dispatch> {
         .define("ALIGNED", u8::from(aligned))
         .define("DEQ_MAIN", 1)
         .define("OUT16", u8::from(out16))
-        .define("OVEC", u8::from(ovec));
+        .define("OVEC", u8::from(ovec))
+        .trusted();
     let kernel = gpu.kernel(&spec)?;
     let chunks = (rows * k / 32) as u32;
     let params = [chunks, (k / 32) as u32, wbyte, row_bytes as u32];

@@ -15,9 +15,10 @@ use crate::kernels::activation::swiglu;
 use crate::kernels::attention::{AttentionOptions, attention};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{MatmulOptions, matmul};
-use crate::kernels::matvec::{MatvecOptions, matvec};
+use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::norm::{add_rmsnorm, rmsnorm};
-use crate::kernels::qkv_rope::{QkvRope, RopePairs, inv_freq, qkv_rope};
+use crate::kernels::qkv_rope::{QkvRope, qkv_rope};
+use crate::kernels::quant::{dequantize, matvec_quant};
 use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
 use crate::memory::Category;
@@ -27,108 +28,7 @@ use crate::tensor::{DType, Tensor};
 /// Rows at or below which a projection uses the matrix-vector kernels (decode, tiny prefills).
 const MATVEC_MAX_ROWS: usize = 8;
 
-pub struct LayerWeights {
-    pub attn_norm: Tensor,
-    /// `[(hq + 2 hkv) d, hidden]`: q, k and v projections stacked.
-    pub wqkv: Tensor,
-    pub bqkv: Option<Tensor>,
-    pub wo: Tensor,
-    pub ffn_norm: Tensor,
-    /// `[2 intermediate, hidden]`: gate and up stacked.
-    pub w_gate_up: Tensor,
-    pub w_down: Tensor,
-}
-
-pub struct LlamaWeights {
-    pub embed: Tensor,
-    pub layers: Vec<LayerWeights>,
-    pub norm: Tensor,
-    /// The LM head, or the embedding again when tied.
-    pub lm_head: Tensor,
-    /// f32 `[rot/2]` rope inverse frequencies (llama3 scaling folded in).
-    pub inv_freq: Tensor,
-    pub pairs: RopePairs,
-    /// The dtype of the big matrices (f16 when the device has it).
-    pub dtype: DType,
-}
-
-/// A source of weights by Hugging Face tensor name, as f32 values (the loader converts to the GPU
-/// dtype tensor by tensor, so RAM holds one tensor at a time).
-pub trait WeightSource {
-    fn get(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
-    fn has(&self, name: &str) -> bool;
-}
-
-impl LlamaWeights {
-    pub fn load(gpu: &Gpu, cfg: &LlmConfig, src: &dyn WeightSource, pairs: RopePairs) -> Result<LlamaWeights> {
-        let dtype = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
-        let (hq, hkv, d, h) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden);
-        let get = |name: &str, want: &[usize]| -> Result<Vec<f32>> {
-            let (shape, v) = src.get(name)?;
-            if shape != want {
-                return Err(DriftError::Other(format!("{name} has shape {shape:?}, config implies {want:?}")));
-            }
-            Ok(v)
-        };
-        let up = |name: &str, shape: &[usize], v: &[f32], dt: DType| {
-            gpu.tensor_from_f32(name, shape, dt, v, Category::Weights)
-        };
-        let embed_v = get("model.embed_tokens.weight", &[cfg.vocab, h])?;
-        let embed = up("embed", &[cfg.vocab, h], &embed_v, dtype)?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for l in 0..cfg.n_layers {
-            let p = format!("model.layers.{l}.");
-            let mut qkv = get(&format!("{p}self_attn.q_proj.weight"), &[hq * d, h])?;
-            qkv.extend(get(&format!("{p}self_attn.k_proj.weight"), &[hkv * d, h])?);
-            qkv.extend(get(&format!("{p}self_attn.v_proj.weight"), &[hkv * d, h])?);
-            let bqkv = if cfg.qkv_bias {
-                let mut b = get(&format!("{p}self_attn.q_proj.bias"), &[hq * d])?;
-                b.extend(get(&format!("{p}self_attn.k_proj.bias"), &[hkv * d])?);
-                b.extend(get(&format!("{p}self_attn.v_proj.bias"), &[hkv * d])?);
-                Some(up("bqkv", &[(hq + 2 * hkv) * d], &b, DType::F32)?)
-            } else {
-                None
-            };
-            let mut gu = get(&format!("{p}mlp.gate_proj.weight"), &[cfg.intermediate, h])?;
-            gu.extend(get(&format!("{p}mlp.up_proj.weight"), &[cfg.intermediate, h])?);
-            layers.push(LayerWeights {
-                attn_norm: up("attn_norm", &[h], &get(&format!("{p}input_layernorm.weight"), &[h])?, DType::F32)?,
-                wqkv: up("wqkv", &[(hq + 2 * hkv) * d, h], &qkv, dtype)?,
-                bqkv,
-                wo: up("wo", &[h, hq * d], &get(&format!("{p}self_attn.o_proj.weight"), &[h, hq * d])?, dtype)?,
-                ffn_norm: up(
-                    "ffn_norm",
-                    &[h],
-                    &get(&format!("{p}post_attention_layernorm.weight"), &[h])?,
-                    DType::F32,
-                )?,
-                w_gate_up: up("w_gate_up", &[2 * cfg.intermediate, h], &gu, dtype)?,
-                w_down: up(
-                    "w_down",
-                    &[h, cfg.intermediate],
-                    &get(&format!("{p}mlp.down_proj.weight"), &[h, cfg.intermediate])?,
-                    dtype,
-                )?,
-            });
-        }
-        let norm = up("norm", &[h], &get("model.norm.weight", &[h])?, DType::F32)?;
-        let lm_head = if !cfg.tie_embeddings && src.has("lm_head.weight") {
-            up("lm_head", &[cfg.vocab, h], &get("lm_head.weight", &[cfg.vocab, h])?, dtype)?
-        } else {
-            embed.clone()
-        };
-        let freqs = inv_freq(cfg.rope_theta, d, cfg.rope_freq_factors().as_deref());
-        Ok(LlamaWeights {
-            inv_freq: up("inv_freq", &[d / 2], &freqs, DType::F32)?,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            pairs,
-            dtype,
-        })
-    }
-}
+pub use crate::models::llama_weights::{LayerWeights, Linear, LlamaWeights, QuantScheme, WeightSource};
 
 /// Activations of one stage (T rows).
 struct Activations {
@@ -176,6 +76,8 @@ pub struct LlamaModel {
     pub logits: Tensor,
     decode_acts: Activations,
     decode: Option<Program>,
+    /// f16 scratch for prefill: quantised weights are dequantised here just before their matmul.
+    scratch: Option<Tensor>,
 }
 
 impl LlamaModel {
@@ -191,6 +93,17 @@ impl LlamaModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let u32s = |name: &str, n: usize| gpu.tensor(name, &[n], DType::U32, Category::Activations);
+        let needs_scratch = |l: &Linear| !l.is_float() || l.parts.len() > 1;
+        let scratch_elems = w
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+            .filter(|l| needs_scratch(l))
+            .map(|l| l.n * l.k)
+            .max();
+        let scratch = scratch_elems
+            .map(|n| gpu.tensor("dequant scratch", &[n], w.dtype, Category::Activations))
+            .transpose()?;
         let mut m = LlamaModel {
             step: u32s("step", 2)?,
             ids: u32s("ids", max_ctx + 1)?,
@@ -198,6 +111,7 @@ impl LlamaModel {
             logits: gpu.tensor("logits", &[1, cfg.vocab], DType::F32, Category::Activations)?,
             decode_acts: Activations::new(gpu, &cfg, 1, DType::F32)?,
             decode: None,
+            scratch,
             kv,
             max_ctx,
             cfg,
@@ -207,13 +121,56 @@ impl LlamaModel {
         Ok(m)
     }
 
-    /// `out = x @ w^T (+ b)`: matrix-vector kernels for a few rows, matrix-matrix otherwise.
-    fn linear(gpu: &Gpu, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<Vec<Dispatch>> {
-        if x.dim(0) <= MATVEC_MAX_ROWS {
-            matvec(gpu, w, x, out, &MatvecOptions { bias: b, ..Default::default() })
-        } else {
-            matmul(gpu, x, w, out, &MatmulOptions { transpose_b: true, bias: b, ..Default::default() })
+    /// `out = x @ w^T (+ b)`: matrix-vector kernels (dequantising in registers) for a few rows;
+    /// matrix-matrix otherwise, through the f16 scratch when the weight is quantised or in parts.
+    fn linear(&self, gpu: &Gpu, x: &Tensor, w: &Linear, out: &Tensor) -> Result<Vec<Dispatch>> {
+        let rows = x.dim(0);
+        let b = w.bias.as_ref();
+        if rows <= MATVEC_MAX_ROWS && (w.parts.len() == 1 || rows == 1) {
+            if let [part] = &w.parts[..] {
+                return matvec_quant(gpu, part, x, out, &MatvecOptions { bias: b, ..Default::default() });
+            }
+            // One row: each part writes its slice of the output row.
+            let mut d = Vec::new();
+            let mut off = 0;
+            for part in &w.parts {
+                let n = part.shape[0];
+                let bias = b.map(|b| b.view(off, &[n])).transpose()?;
+                let o = out.view(off, &[1, n])?;
+                d.extend(matvec_quant(gpu, part, x, &o, &MatvecOptions { bias: bias.as_ref(), ..Default::default() })?);
+                off += n;
+            }
+            return Ok(d);
         }
+        let opts = MatmulOptions { transpose_b: true, bias: b, ..Default::default() };
+        if let ([part], true) = (&w.parts[..], w.is_float()) {
+            if part.dtype == x.dtype {
+                return matmul(gpu, x, part, out, &opts);
+            }
+        }
+        // The shared scratch fits every layer weight; a bigger one (a quantised LM head when every
+        // position's logits are wanted) gets its own, kept alive by the dispatches that bind it.
+        let own;
+        let scratch = match &self.scratch {
+            Some(s) if s.numel() >= w.n * w.k => s,
+            _ => {
+                own = gpu.tensor("dequant scratch (large)", &[w.n * w.k], self.w.dtype, Category::Activations)?;
+                &own
+            }
+        };
+        let mut d = Vec::new();
+        let mut off = 0;
+        for part in &w.parts {
+            let n = part.shape[0];
+            let dst = scratch.view(off * w.k, &[n, w.k])?;
+            for shard in part.row_shards(gpu.caps.max_storage_binding)? {
+                let r = shard.tensor.shape[0];
+                d.push(dequantize(gpu, &shard.tensor, &dst.rows(shard.row_start, shard.row_start + r)?)?);
+            }
+            off += n;
+        }
+        d.extend(matmul(gpu, x, &scratch.view(0, &[w.n, w.k])?, out, &opts)?);
+        Ok(d)
     }
 
     /// The layer stack for `t` rows whose token ids start at `ids` element `first_id`, ending with
@@ -226,7 +183,7 @@ impl LlamaModel {
         let q4 = a.q.clone();
         for (l, lw) in self.w.layers.iter().enumerate() {
             let (k, v) = &self.kv[l];
-            d.extend(Self::linear(gpu, &a.xn, &lw.wqkv, lw.bqkv.as_ref(), &a.qkv)?);
+            d.extend(self.linear(gpu, &a.xn, &lw.qkv, &a.qkv)?);
             d.push(qkv_rope(
                 gpu,
                 &QkvRope {
@@ -254,11 +211,11 @@ impl LlamaModel {
                 },
             )?);
             let attn2 = a.attn.reshape(&[t, c.n_heads * c.head_dim])?;
-            d.extend(Self::linear(gpu, &attn2, &lw.wo, None, &a.o)?);
+            d.extend(self.linear(gpu, &attn2, &lw.wo, &a.o)?);
             d.push(add_rmsnorm(gpu, &a.x, &a.o, &lw.ffn_norm, &a.x, &a.xn, eps, RowVariant::Auto)?);
-            d.extend(Self::linear(gpu, &a.xn, &lw.w_gate_up, None, &a.gu)?);
+            d.extend(self.linear(gpu, &a.xn, &lw.gate_up, &a.gu)?);
             d.push(swiglu(gpu, &a.gu, &a.act)?);
-            d.extend(Self::linear(gpu, &a.act, &lw.w_down, None, &a.down)?);
+            d.extend(self.linear(gpu, &a.act, &lw.down, &a.down)?);
             let next = self.w.layers.get(l + 1).map_or(&self.w.norm, |n| &n.attn_norm);
             d.push(add_rmsnorm(gpu, &a.x, &a.down, next, &a.x, &a.xn, eps, RowVariant::Auto)?);
         }
@@ -273,7 +230,7 @@ impl LlamaModel {
         // into place (the argmax writes it there directly when greedy).
         let ids = self.ids.view(0, &[1])?;
         p.extend(self.layers(gpu, a, &ids, 1)?);
-        p.extend(Self::linear(gpu, &a.xn, &self.w.lm_head, None, &self.logits)?);
+        p.extend(self.linear(gpu, &a.xn, &self.w.lm_head, &self.logits)?);
         Ok(p)
     }
 
@@ -308,11 +265,11 @@ impl LlamaModel {
         p.extend(self.layers(gpu, &a, &ids, t)?);
         let logits = if all_logits {
             let l = gpu.tensor("prefill logits", &[t, self.cfg.vocab], DType::F32, Category::Activations)?;
-            p.extend(Self::linear(gpu, &a.xn, &self.w.lm_head, None, &l)?);
+            p.extend(self.linear(gpu, &a.xn, &self.w.lm_head, &l)?);
             Some(l)
         } else {
             let last = a.xn.rows(t - 1, t)?;
-            p.extend(Self::linear(gpu, &last, &self.w.lm_head, None, &self.logits)?);
+            p.extend(self.linear(gpu, &last, &self.w.lm_head, &self.logits)?);
             None
         };
         Ok((p, logits))

@@ -3,5 +3,6 @@
 pub mod config;
 pub mod hf;
 pub mod llama;
+pub mod llama_weights;
 pub mod load;
 pub mod shapes;

@@ -226,22 +226,30 @@ fn quant_matvec_bandwidth() {
                 let o = gpu
                     .tensor("o", &[batch, n], DType::F32, Category::Activations)
                     .unwrap();
-                let tunings: &[(u32, u32)] =
-                    if dtype == DType::Q4_0 && batch == 1 || !quick && batch == 1 {
-                        &[(1, 1), (1, 2), (2, 1), (2, 2)]
-                    } else {
-                        &[(1, 2)]
-                    };
-                for &(rpt, cps) in tunings {
+                let tunings: &[(u32, u32, bool)] = if batch == 1 && (dtype == DType::Q4_0 || !quick)
+                {
+                    &[
+                        (1, 1, true),
+                        (1, 2, true),
+                        (2, 1, true),
+                        (2, 2, true),
+                        (1, 2, false),
+                    ]
+                } else {
+                    &[(1, 2, true)]
+                };
+                for &(rpt, cps, trusted) in tunings {
                     let t = QuantTuning {
                         rows_per_team: rpt,
                         chunks_per_step: cps,
+                        trusted,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();
                     let (us, gbs) = time(&ds, reps);
+                    let chk = if trusted { "" } else { " checked" };
                     println!(
-                        "matvec {dtype:<6?}  {n:>6}x{k:<6} b{batch} r{rpt}u{cps}      {us:9.1} us {gbs:8.1} GB/s"
+                        "matvec {dtype:<6?}  {n:>6}x{k:<6} b{batch} r{rpt}u{cps}{chk:8} {us:9.1} us {gbs:8.1} GB/s"
                     );
                 }
             }

@@ -6,8 +6,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use drift_engine::generate::{GenerateOptions, LlmSession};
 use drift_engine::kernels::copy::copy;
-use drift_engine::kernels::qkv_rope::RopePairs;
-use drift_engine::models::llama::{LlamaModel, LlamaWeights};
+use drift_engine::models::llama::{LlamaModel, LlamaWeights, QuantScheme};
 use drift_engine::models::shapes::{RandomWeights, ShapedRandom, llm_shape};
 use drift_engine::profiler::Profiler;
 use drift_engine::sampling::SamplingParams;
@@ -31,11 +30,15 @@ pub struct LlmBenchArgs {
     /// Tokens to decode.
     #[arg(long = "gen", default_value_t = 128)]
     pub generate: usize,
+    /// Store the weights as q8_0, q4_0 or mixed-8-4 (ML Drift's 8-bit attention, 4-bit feed-forward).
+    #[arg(long, default_value = "none")]
+    pub quant: String,
 }
 
 #[derive(Serialize)]
 pub struct LlmBench {
     pub shape: String,
+    pub quant: String,
     pub device: String,
     pub weight_bytes: u64,
     pub kv_bytes: u64,
@@ -61,7 +64,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let cfg = llm_shape(&a.shape)?;
     let t = Instant::now();
     let src = ShapedRandom { cfg: &cfg, rng: RandomWeights { seed: 1 } };
-    let w = LlamaWeights::load(gpu, &cfg, &src, RopePairs::HalfSplit)?;
+    let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::parse(&a.quant)?)?;
     let weight_bytes = gpu.memory_report().bytes(Category::Weights);
     eprintln!("weights: {:.2} GB in {:.1} s", weight_bytes as f64 / 1e9, t.elapsed().as_secs_f64());
     let ctx = a.prompt + a.generate + 2;
@@ -116,6 +119,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
     Ok(LlmBench {
         shape: a.shape.clone(),
+        quant: a.quant.clone(),
         device: gpu.info.name.clone(),
         weight_bytes,
         kv_bytes,
