@@ -59,7 +59,7 @@ impl DType {
 
     /// Bytes for `n` values; `n` must be a whole number of blocks for quantised types.
     pub fn bytes_for(self, n: usize) -> Result<u64> {
-        if n % self.block_elems() != 0 {
+        if !n.is_multiple_of(self.block_elems()) {
             return Err(shape_err!("{n} values of {self:?} are not a whole number of blocks"));
         }
         Ok((n / self.block_elems() * self.block_bytes()) as u64)
@@ -199,7 +199,7 @@ impl Tensor {
                 size
             ));
         }
-        if pad % self.elem_bytes() != 0 {
+        if !pad.is_multiple_of(self.elem_bytes()) {
             return Err(shape_err!("tensor offset {} is not element aligned", self.storage.offset));
         }
         Ok(Binding {

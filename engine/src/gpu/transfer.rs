@@ -135,17 +135,17 @@ impl Gpu {
         if bytes.len() as u64 > t.storage.len {
             return Err(shape_err!("{} bytes written into a {}-byte tensor", bytes.len(), t.storage.len));
         }
-        if t.storage.offset % 4 != 0 || bytes.len() % 4 != 0 {
-            // Queue writes need 4-byte granularity: pad the tail with the bytes already there is not
-            // possible without a readback, so round the write up with zeros only when inside the buffer.
+        // Queue writes move whole 4-byte words: the tail of an odd-length write is padded with zeros,
+        // which stays inside the tensor's buffer (buffers are sized in whole words).
+        if !t.storage.offset.is_multiple_of(4) {
+            return Err(shape_err!("unaligned tensor write at offset {}", t.storage.offset));
+        }
+        if bytes.len().is_multiple_of(4) {
+            self.queue.write_buffer(&t.storage.buffer.buffer, t.storage.offset, bytes);
+        } else {
             let mut padded = bytes.to_vec();
             padded.resize(bytes.len().div_ceil(4) * 4, 0);
-            if t.storage.offset % 4 != 0 || t.storage.offset + padded.len() as u64 > t.storage.buffer.size() {
-                return Err(shape_err!("unaligned tensor write at offset {}", t.storage.offset));
-            }
             self.queue.write_buffer(&t.storage.buffer.buffer, t.storage.offset, &padded);
-        } else {
-            self.queue.write_buffer(&t.storage.buffer.buffer, t.storage.offset, bytes);
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use crate::{shader, shape_err};
 /// Copies `src` into `dst` (same byte length, a multiple of 16, both 16-byte aligned).
 pub fn copy(gpu: &Gpu, src: &Tensor, dst: &Tensor) -> Result<Dispatch> {
     let len = src.byte_len();
-    if len != dst.byte_len() || len % 16 != 0 || src.storage.offset % 16 != 0 || dst.storage.offset % 16 != 0 {
+    if len != dst.byte_len() || !len.is_multiple_of(16) || !src.storage.offset.is_multiple_of(16) || !dst.storage.offset.is_multiple_of(16) {
         return Err(shape_err!(
             "copy needs equal, 16-byte aligned sizes and offsets (src {len} bytes at {}, dst {} at {})",
             src.storage.offset,

@@ -53,7 +53,7 @@ pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
         || a.v_cache.numel() != a.k_cache.numel()
         || a.k_cache.numel() != max_ctx * a.hkv * d
         || rot > d
-        || d % 2 != 0
+        || !d.is_multiple_of(2)
     {
         return Err(shape_err!(
             "qkv_rope: qkv {:?}, q {:?}, cache {:?}, {} rotary dims for {}+2x{} heads of {d}",

@@ -74,7 +74,7 @@ impl LlmConfig {
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(bad(format!("{n_heads} attention heads cannot share {n_kv_heads} key/value heads")));
         }
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(bad(format!("head_dim {head_dim} must be even")));
         }
         // transformers 5 moves rope settings into `rope_parameters`; 4.x has `rope_theta` + `rope_scaling`.

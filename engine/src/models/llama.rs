@@ -143,10 +143,10 @@ impl LlamaModel {
             return Ok(d);
         }
         let opts = MatmulOptions { transpose_b: true, bias: b, ..Default::default() };
-        if let ([part], true) = (&w.parts[..], w.is_float()) {
-            if part.dtype == x.dtype {
-                return matmul(gpu, x, part, out, &opts);
-            }
+        if let ([part], true) = (&w.parts[..], w.is_float())
+            && part.dtype == x.dtype
+        {
+            return matmul(gpu, x, part, out, &opts);
         }
         // The shared scratch fits every layer weight; a bigger one (a quantised LM head when every
         // position's logits are wanted) gets its own, kept alive by the dispatches that bind it.
