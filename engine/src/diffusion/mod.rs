@@ -9,5 +9,6 @@
 //! Latents are small (4 x 64 x 64 = 16k floats at 512x512), so the scheduler arithmetic runs on the
 //! CPU in f64 between UNet evaluations.
 
+pub mod image;
 pub mod noise;
 pub mod schedulers;
