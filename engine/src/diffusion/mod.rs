@@ -11,4 +11,5 @@
 
 pub mod image;
 pub mod noise;
+pub mod pipeline;
 pub mod schedulers;
