@@ -70,7 +70,8 @@ fn read(path: &Path) -> Result<String> {
 }
 
 impl SdPipeline {
-    /// Opens a diffusers folder for images of `width` x `height` (multiples of 8).
+    /// Opens a diffusers folder for images of `width` x `height` (multiples of the VAE's downscale, 8
+    /// for SD 1.x).
     pub fn open(gpu: &Gpu, dir: &Path, width: usize, height: usize) -> Result<SdPipeline> {
         if !dir.join("model_index.json").is_file() {
             return Err(DriftError::Other(format!(
@@ -78,8 +79,8 @@ impl SdPipeline {
                 dir.display()
             )));
         }
-        if width == 0 || height == 0 || !width.is_multiple_of(8) || !height.is_multiple_of(8) {
-            return Err(DriftError::Other(format!("image size {width}x{height} must be a multiple of 8")));
+        if width == 0 || height == 0 {
+            return Err(DriftError::Other(format!("image size {width}x{height}")));
         }
         let dtype = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
         let tokenizer = ClipTokenizer::from_folder(&dir.join("tokenizer"))?;
@@ -89,13 +90,16 @@ impl SdPipeline {
             2,
             &ClipRunOptions { clip_skip: 0, seq_len: None, out_dtype: Some(DType::F32) },
         )?;
-        let unet_cfg = UnetConfig::from_json(&read(&dir.join("unet/config.json"))?)?;
-        let unet_src = SdWeightSource::diffusers(&dir.join("unet"), true)?;
-        let ctx_len = clip_model.cfg.max_positions;
-        let unet = Unet::new(gpu, unet_cfg, &unet_src, 2, height / 8, width / 8, ctx_len, dtype)?;
         let vae_cfg = VaeConfig::from_json(&read(&dir.join("vae/config.json"))?)?;
         let vae_source = SdWeightSource::diffusers(&dir.join("vae"), true)?;
         let f = vae_cfg.downscale();
+        if !width.is_multiple_of(f) || !height.is_multiple_of(f) {
+            return Err(DriftError::Other(format!("image size {width}x{height} must be a multiple of {f}")));
+        }
+        let unet_cfg = UnetConfig::from_json(&read(&dir.join("unet/config.json"))?)?;
+        let unet_src = SdWeightSource::diffusers(&dir.join("unet"), true)?;
+        let ctx_len = clip_model.cfg.max_positions;
+        let unet = Unet::new(gpu, unet_cfg, &unet_src, 2, height / f, width / f, ctx_len, dtype)?;
         let decoder = VaeNet::decoder(gpu, &vae_cfg, &vae_source, 1, height / f, width / f, dtype)?;
         let scheduler_config = SchedulerConfig::load(dir.join("scheduler/scheduler_config.json"))?;
         Ok(SdPipeline {
