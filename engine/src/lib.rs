@@ -9,6 +9,7 @@
 //! - [`profiler`]: GPU timestamps per dispatch, aggregated per kernel, exportable as a Chrome trace.
 //! - [`selftest`]: every kernel checked against a CPU reference; used by the tests and by `drift selftest`.
 
+pub mod diffusion;
 pub mod error;
 pub mod exec;
 pub mod formats;

@@ -16,6 +16,7 @@ pub mod conv;
 pub mod copy;
 pub mod elementwise;
 pub mod embedding;
+pub mod geglu;
 pub mod layout;
 pub mod matmul;
 pub mod matvec;

@@ -2,6 +2,7 @@
 //! templates through minijinja, and streaming detokenisation that only yields whole UTF-8 characters.
 
 pub mod chat_template;
+pub mod clip;
 pub mod gguf_tokenizer;
 pub mod stream;
 
