@@ -27,6 +27,8 @@ enum Command {
     Generate(cli::generate::GenerateArgs),
     /// Chat in the terminal.
     Chat(cli::chat::ChatArgs),
+    /// Make an image with Stable Diffusion.
+    Image(cli::image::ImageArgs),
 }
 
 fn main() {
@@ -43,6 +45,7 @@ fn main() {
         Some(Command::Bench(a)) => cli::bench::run(&options, &a),
         Some(Command::Generate(a)) => cli::generate::run(&options, &a),
         Some(Command::Chat(a)) => cli::chat::run(&options, &a),
+        Some(Command::Image(a)) => cli::image::run(&options, &a),
     };
     if let Err(e) = result {
         eprintln!("drift: {e:#}");

@@ -83,3 +83,36 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     assert!(!ok && err.contains("context"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn image_writes_a_png_with_its_parameters() {
+    let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("pipeline/reference.json")).unwrap()).unwrap();
+    let dir = std::env::temp_dir().join(format!("drift-cli-image-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (src, dst) in [("clip/tokenizer", "tokenizer"), ("clip/text_encoder_gelu", "text_encoder"), ("sd/unet_a", "unet"), ("sd/vae", "vae")] {
+        std::fs::create_dir_all(dir.join(dst)).unwrap();
+        for e in std::fs::read_dir(fx.join(src)).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, dir.join(dst).join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::create_dir_all(dir.join("scheduler")).unwrap();
+    std::fs::write(dir.join("scheduler/scheduler_config.json"), reference["scheduler_config"].to_string()).unwrap();
+    std::fs::write(dir.join("model_index.json"), reference["model_index"].to_string()).unwrap();
+    let out = dir.join("cat.png");
+    let (ok, stdout, err) = drift(&[
+        "image", "--model", dir.to_str().unwrap(), "--prompt", "a photo of a cat", "--negative", "blurry", "--steps", "3",
+        "--width", "16", "--height", "16", "--seed", "5", "--scheduler", "dpmpp-2m-karras", "--out", out.to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v["times"]["unet_ms_per_step"].as_f64().unwrap() > 0.0);
+    let params = drift_engine::diffusion::image::read_parameters(&out).unwrap().unwrap();
+    assert_eq!(params, "a photo of a cat\nNegative prompt: blurry\nSteps: 3, Sampler: DPM++ 2M Karras, CFG scale: 7.5, Seed: 5, Size: 16x16, Model: ".to_string() + dir.file_name().unwrap().to_str().unwrap());
+    // A size the VAE cannot make is a clear error.
+    let (ok, _, err) = drift(&["image", "--model", dir.to_str().unwrap(), "--prompt", "x", "--width", "15", "--height", "16", "--out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("multiple"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

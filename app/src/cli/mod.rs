@@ -3,5 +3,6 @@
 pub mod bench;
 pub mod chat;
 pub mod generate;
+pub mod image;
 pub mod info;
 pub mod selftest;
