@@ -67,6 +67,10 @@ pub struct Conv2dOptions<'a> {
     /// then a second dispatch adds them up). `None` picks it from the problem size; `Some(1)` never
     /// splits.
     pub split_k: Option<usize>,
+    /// Where split-K partial sums go: an f32 tensor of at least `splits * out.numel()` values that the
+    /// caller shares between the convolutions of one program (they run one after the other). `None`
+    /// allocates one for this convolution.
+    pub split_scratch: Option<&'a Tensor>,
 }
 
 impl Default for Conv2dOptions<'_> {
@@ -78,6 +82,7 @@ impl Default for Conv2dOptions<'_> {
             residual: None,
             variant: Conv2dVariant::Auto,
             split_k: None,
+            split_scratch: None,
         }
     }
 }
@@ -364,15 +369,24 @@ pub fn conv2d(
         ));
     }
     let split = splits > 1;
-    let scratch = if split {
+    let scratch = if !split {
+        None
+    } else if let Some(shared) = opts.split_scratch {
+        if shared.dtype != DType::F32 || shared.numel() < splits * total {
+            return Err(shape_err!(
+                "conv2d: the shared split-K scratch holds {} values, {} needed",
+                shared.numel(),
+                splits * total
+            ));
+        }
+        Some(shared.view(0, &[splits, total])?)
+    } else {
         Some(gpu.tensor(
             "conv2d split-K scratch",
             &[splits, total],
             DType::F32,
             Category::Activations,
         )?)
-    } else {
-        None
     };
 
     let xvec =

@@ -196,7 +196,7 @@ pub struct MemoryPlan {
     pub planned_bytes: u64,
     /// Inputs and outputs (own buffers).
     pub io_bytes: u64,
-    /// Split-K partial sums the conv builders allocate (one scratch per split conv).
+    /// Split-K partial sums: one f32 scratch shared by every split convolution.
     pub conv_scratch_bytes: u64,
     /// The largest single intermediate.
     pub largest_bytes: u64,
@@ -578,19 +578,7 @@ impl Graph {
             })
             .map(|t| self.bytes_of(t))
             .sum();
-        let mut conv_scratch_bytes = 0;
-        for op in &self.ops {
-            if let Op::Conv { x, out, w, .. } = op {
-                let (xs, os) = (self.shape(*x), self.shape(*out));
-                let ws = &self.weights[*w].shape;
-                let m = os[0] * os[2] * os[3];
-                let k = xs[1] * ws[2] * ws[3];
-                let (_, splits) = conv2d_plan(m, os[1], k, Conv2dVariant::Auto, None);
-                if splits > 1 {
-                    conv_scratch_bytes += (splits * os.iter().product::<usize>() * 4) as u64;
-                }
-            }
-        }
+        let conv_scratch_bytes = self.split_scratch_values() as u64 * 4;
         MemoryPlan {
             intermediates: ids.len(),
             naive_bytes: plan.naive_bytes,
@@ -606,6 +594,25 @@ impl Graph {
 
     /// Allocates the arena and the input/output buffers and builds every dispatch. `weights` holds
     /// the uploaded weights in [`Graph::weights`] order.
+    /// f32 values of the one split-K scratch every split convolution of the graph shares (they run in
+    /// order, so the largest need is enough).
+    fn split_scratch_values(&self) -> usize {
+        let mut most = 0;
+        for op in &self.ops {
+            if let Op::Conv { x, out, w, .. } = op {
+                let (xs, os) = (self.shape(*x), self.shape(*out));
+                let ws = &self.weights[*w].shape;
+                let m = os[0] * os[2] * os[3];
+                let k = xs[1] * ws[2] * ws[3];
+                let (_, splits) = conv2d_plan(m, os[1], k, Conv2dVariant::Auto, None);
+                if splits > 1 {
+                    most = most.max(splits * os.iter().product::<usize>());
+                }
+            }
+        }
+        most
+    }
+
     pub fn build(&self, gpu: &Gpu, label: &str, weights: &[Tensor]) -> Result<BuiltGraph> {
         if weights.len() != self.weights.len() {
             return Err(shape_err!(
@@ -660,6 +667,10 @@ impl Graph {
         };
         let mut steps: HashMap<usize, Tensor> = HashMap::new();
         let mut program = Program::new();
+        let split_values = self.split_scratch_values();
+        let split_scratch = (split_values > 0)
+            .then(|| gpu.tensor(&format!("{label} split-K scratch"), &[split_values], DType::F32, Category::Activations))
+            .transpose()?;
         for op in &self.ops {
             match op {
                 Op::Conv {
@@ -681,6 +692,7 @@ impl Graph {
                         padding: *pad,
                         padding_end: *pad_end,
                         residual: res,
+                        split_scratch: split_scratch.as_ref(),
                         ..Default::default()
                     };
                     program.extend(conv2d(

@@ -294,6 +294,30 @@ impl VaeNet {
         label: &str,
     ) -> Result<VaeNet> {
         let weights = upload_weights(gpu, source, &graph.weights, graph.dtype)?;
+        Self::with_weights(gpu, graph, input, output, weights, label)
+    }
+
+    /// The decoder with random weights (benchmarks at real shapes without a file).
+    pub fn decoder_random(
+        gpu: &Gpu,
+        cfg: &VaeConfig,
+        (batch, h, w): (usize, usize, usize),
+        dtype: DType,
+        seed: u64,
+    ) -> Result<VaeNet> {
+        let (g, i, o) = decoder_graph(cfg, batch, h, w, dtype)?;
+        let weights = crate::models::sd_weights::random_weights(gpu, &g.weights, dtype, seed)?;
+        Self::with_weights(gpu, g, i, o, weights, "vae decoder")
+    }
+
+    fn with_weights(
+        gpu: &Gpu,
+        graph: Graph,
+        input: TId,
+        output: TId,
+        weights: Vec<Tensor>,
+        label: &str,
+    ) -> Result<VaeNet> {
         let built = graph.build(gpu, label, &weights)?;
         Ok(VaeNet {
             graph,

@@ -354,6 +354,12 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
     gpu.poison(&out_base)?;
     let out = out_base.view(oo, &out_shape)?;
 
+    // Forced splits above 2 write their partial sums into a caller-provided (oversized) scratch, as a
+    // planned graph does; other splits allocate their own.
+    let shared = match c.split_k {
+        Some(s) if s > 2 => Some(gpu.tensor("shared split scratch", &[s * out.numel() + 7], DType::F32, Category::Activations)?),
+        _ => None,
+    };
     let opts = Conv2dOptions {
         stride: c.stride,
         padding: c.pad,
@@ -361,6 +367,7 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
         residual: res.as_ref(),
         variant: c.variant,
         split_k: c.split_k,
+        split_scratch: shared.as_ref(),
     };
     let mut prog = Program::new();
     prog.extend(conv2d(gpu, &x, &wt, bias.as_ref(), &out, &opts)?);

@@ -18,9 +18,9 @@ use super::timing::time_sequence;
 
 #[derive(clap::Args)]
 pub struct LlmBenchArgs {
-    /// smollm2-135m, llama-3.2-1b or llama-3.1-8b.
-    #[arg(long, default_value = "smollm2-135m")]
-    pub shape: String,
+    /// llm: smollm2-135m (default), llama-3.2-1b or llama-3.1-8b; sd: sd15 (default).
+    #[arg(long)]
+    pub shape: Option<String>,
     /// Random weights at the shape's real sizes (the only mode: no model file is read).
     #[arg(long)]
     pub random_weights: bool,
@@ -61,7 +61,8 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     if !a.random_weights {
         bail!("drift bench llm needs --random-weights (it measures a shape, not a file)");
     }
-    let cfg = llm_shape(&a.shape)?;
+    let shape = a.shape.clone().unwrap_or_else(|| "smollm2-135m".into());
+    let cfg = llm_shape(&shape)?;
     let t = Instant::now();
     let src = ShapedRandom { cfg: &cfg, rng: RandomWeights { seed: 1 } };
     let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::parse(&a.quant)?)?;
@@ -118,7 +119,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let copy_gbps = copy_bytes / time_sequence(gpu, &[cd], 10)? / 1e3;
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
     Ok(LlmBench {
-        shape: a.shape.clone(),
+        shape,
         quant: a.quant.clone(),
         device: gpu.info.name.clone(),
         weight_bytes,

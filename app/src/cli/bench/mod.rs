@@ -2,6 +2,7 @@
 
 mod kernels;
 mod llm;
+mod sd;
 mod timing;
 
 use anyhow::{Result, bail};
@@ -10,7 +11,7 @@ use serde::Serialize;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// What to measure: `kernels` or `llm`.
+    /// What to measure: `kernels`, `llm` or `sd`.
     what: String,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -23,6 +24,8 @@ pub struct BenchArgs {
     reps: usize,
     #[command(flatten)]
     llm: llm::LlmBenchArgs,
+    #[command(flatten)]
+    sd: sd::SdBenchArgs,
 }
 
 /// One measured figure.
@@ -57,6 +60,16 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
             for (k, us) in &r.top_decode_kernels {
                 println!("    {k:<40} {us:>9.1} us/token");
             }
+        }
+        return Ok(());
+    }
+    if args.what == "sd" {
+        let shape = args.llm.shape.as_deref().unwrap_or("sd15");
+        let r = sd::run(&gpu, shape, args.llm.random_weights, &args.sd)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            sd::print(&r, args.sd.steps);
         }
         return Ok(());
     }
