@@ -4,15 +4,22 @@
 //
 // The weight is bound as `w: array<u32>` holding the blocks exactly as in the GGUF file: rows of whole
 // blocks, little endian. Blocks are only 2-byte aligned (Q8_0 34 B, Q4_0 18 B, Q5_0 22 B, Q6_K 210 B),
-// so a field at an even byte offset is read from the word(s) holding it and shifted into place (never
-// bitcast<vec2<f16>>, which naga miscompiles: f16 fields go through unpack2x16float). With ALIGNED
-// (every block starts on a 4-byte boundary) the extra word and the selects drop out.
+// so a chunk's bytes are loaded as the words spanning them (`load`: one load per word, the fewest
+// possible) and the fields are shifted out of those registers (`decode`): a field at an even offset
+// is either a whole word or the halves of two neighbours, chosen by whether the block starts mid-word
+// (`odd`). f16 fields go through unpack2x16float (never bitcast<vec2<f16>>, which naga miscompiles).
+// With ALIGNED (every block starts on a word) odd is the constant false and the selects fold away.
+// Loading and decoding are separate so a lane keeps several chunks in flight as raw words (5 to 23
+// registers each) rather than as decoded floats.
 //
-// Every type decodes chunk `c` of a row, elements 32c .. 32c + 32, into a `Chunk`:
+// `decode` turns chunk `c` of a row, elements 32c .. 32c + 32, into a `Chunk`:
 //   element 4i + j = q[i][j] * (a0 if 4i + j < 16 else a1) + m
 // with q small integers (offsets such as Q4_0's -8 already applied), exact in f32. The integers become
 // floats without integer-to-float conversions (quarter rate on NVIDIA): OR-ing n < 2^23 into the bits of
 // 2^23 gives the float 2^23 + n exactly, and one subtraction removes 2^23 and the offset together.
+//
+// Every word a kernel reads lies inside the weight's binding (the last word of a span is re-read
+// instead of over-read where the block starts on a word), so these kernels run without bounds checks.
 //
 // Specialisation: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K; ALIGNED. DEQ_MAIN also: OUT16
 // (f16 output, written as packed u32 pairs; needs no shader-f16), OVEC (vector stores).
@@ -37,68 +44,30 @@ fn hbit4(qh: u32, e0: u32) -> u32 {
     return ((((qh >> e0) & 0xFu) * 0x204081u) & 0x01010101u) << 4u;
 }
 
-fn sh16(lo: u32, hi: u32, odd: bool) -> u32 {
-    return select(lo, (lo >> 16u) | (hi << 16u), odd);
+fn sh16(lo: u32, hi: u32) -> u32 {
+    return (lo >> 16u) | (hi << 16u);
 }
 
-// 16 bits at even byte offset b.
-fn u16_at(b: u32) -> u32 {
-    return (w[b >> 2u] >> ((b & 2u) * 8u)) & 0xFFFFu;
+// The 4 bytes of a field at block offset r, from the words a = span[r / 4] and b = span[r / 4 + 1]:
+// at0 where r % 4 == 0, at2 where r % 4 == 2.
+fn at0(a: u32, b: u32, odd: bool) -> u32 {
+    return select(a, sh16(a, b), odd);
 }
 
-fn f16_at(b: u32) -> f32 {
-    return unpack2x16float(u16_at(b)).x;
+fn at2(a: u32, b: u32, odd: bool) -> u32 {
+    return select(sh16(a, b), b, odd);
 }
 
-// 4 bytes at even byte offset b.
-fn u32_at(b: u32) -> u32 {
-    let i = b >> 2u;
+// The f16 at block offset 0, from span[0].
+fn half0(a: u32, odd: bool) -> f32 {
+    return unpack2x16float(select(a, a >> 16u, odd)).x;
+}
+
+fn is_odd(o: u32) -> bool {
 #if ALIGNED
-    return w[i];
+    return false;
 #else
-    let o = (b & 2u) != 0u;
-    return sh16(w[i], w[i + select(0u, 1u, o)], o);
-#endif
-}
-
-// 16 bytes at even byte offset b.
-fn words4(b: u32) -> array<u32, 4> {
-    let i = b >> 2u;
-    let w0 = w[i];
-    let w1 = w[i + 1u];
-    let w2 = w[i + 2u];
-    let w3 = w[i + 3u];
-#if ALIGNED
-    return array<u32, 4>(w0, w1, w2, w3);
-#else
-    // The fifth word only holds data when b is not word aligned (else re-read the fourth): every
-    // read stays inside the tensor, which the kernels compiled without bounds checks rely on.
-    let o = (b & 2u) != 0u;
-    let w4 = w[i + select(3u, 4u, o)];
-    return array<u32, 4>(sh16(w0, w1, o), sh16(w1, w2, o), sh16(w2, w3, o), sh16(w3, w4, o));
-#endif
-}
-
-// 32 bytes at even byte offset b.
-fn words8(b: u32) -> array<u32, 8> {
-    let i = b >> 2u;
-    let w0 = w[i];
-    let w1 = w[i + 1u];
-    let w2 = w[i + 2u];
-    let w3 = w[i + 3u];
-    let w4 = w[i + 4u];
-    let w5 = w[i + 5u];
-    let w6 = w[i + 6u];
-    let w7 = w[i + 7u];
-#if ALIGNED
-    return array<u32, 8>(w0, w1, w2, w3, w4, w5, w6, w7);
-#else
-    let o = (b & 2u) != 0u;
-    let w8 = w[i + select(7u, 8u, o)];
-    return array<u32, 8>(
-        sh16(w0, w1, o), sh16(w1, w2, o), sh16(w2, w3, o), sh16(w3, w4, o),
-        sh16(w4, w5, o), sh16(w5, w6, o), sh16(w6, w7, o), sh16(w7, w8, o),
-    );
+    return (o & 2u) != 0u;
 #endif
 }
 
@@ -125,7 +94,7 @@ fn nibbles(q: array<u32, 4>, qh: u32, five: bool, off: f32) -> array<vec4<f32>, 
 }
 
 // 32 quants of a K-quant sub-block: 4 bits of each byte of `lo` from bit `ls`, plus (Q5_K, Q6_K)
-// `hbits` bits of each byte of `hi` from bit `hs`, placed above them; minus `off`.
+// the `hmask` bits of each byte of `hi` from bit `hs`, placed above them; minus `off`.
 fn kquants(lo: array<u32, 8>, ls: u32, hi: array<u32, 8>, hs: u32, hmask: u32, off: f32) -> array<vec4<f32>, 8> {
     let m = 0x0F0F0F0Fu;
     return array<vec4<f32>, 8>(
@@ -137,6 +106,23 @@ fn kquants(lo: array<u32, 8>, ls: u32, hi: array<u32, 8>, hs: u32, hmask: u32, o
         bytes_f(((lo[5] >> ls) & m) | (((hi[5] >> hs) & hmask) << 4u), off),
         bytes_f(((lo[6] >> ls) & m) | (((hi[6] >> hs) & hmask) << 4u), off),
         bytes_f(((lo[7] >> ls) & m) | (((hi[7] >> hs) & hmask) << 4u), off),
+    );
+}
+
+// Nine words from word i: 32 bytes at an even offset in words i .. i + 8, the last one only
+// needed (and read) when `odd`.
+fn span9(i: u32, odd: bool) -> array<u32, 9> {
+    return array<u32, 9>(
+        w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u],
+        w[i + select(7u, 8u, odd)],
+    );
+}
+
+// The 32 bytes at offset 0 of a 9-word span, aligned.
+fn align8(a: array<u32, 9>, odd: bool) -> array<u32, 8> {
+    return array<u32, 8>(
+        at0(a[0], a[1], odd), at0(a[1], a[2], odd), at0(a[2], a[3], odd), at0(a[3], a[4], odd),
+        at0(a[4], a[5], odd), at0(a[5], a[6], odd), at0(a[6], a[7], odd), at0(a[7], a[8], odd),
     );
 }
 
@@ -152,79 +138,232 @@ fn kscale(s0: u32, s1: u32, s2: u32, j: u32, dd: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(dd.x * f32(sc), -(dd.y * f32(mn)));
 }
 
-// Chunk c (elements 32c .. 32c + 32) of the row whose blocks start at byte `rb` of `w`.
-fn chunk(rb: u32, c: u32) -> Chunk {
-    var r: Chunk;
-    r.m = 0.0;
+// Q4_K / Q5_K super-block header: d, dmin and the scale words, from its 5-word span.
+fn kheader(h: array<u32, 5>, odd: bool) -> array<u32, 4> {
+    return array<u32, 4>(at0(h[0], h[1], odd), at0(h[1], h[2], odd), at0(h[2], h[3], odd), at0(h[3], h[4], odd));
+}
+
+fn span5h(i: u32, odd: bool) -> array<u32, 5> {
+    return array<u32, 5>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + select(3u, 4u, odd)]);
+}
+
 #if Q8_0
+// d (f16), 32 x i8.
+struct Raw { a: array<u32, 9>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 34u * c;
-    let d = f16_at(o);
-    let q = words8(o + 2u);
+    let i = o >> 2u;
+    // 34 bytes from a 2-aligned offset always span 9 words.
+    return Raw(array<u32, 9>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u], w[i + 8u]), is_odd(o));
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let o = r.odd;
+    let a = r.a;
     let f = 0x80808080u; // i8 -> u8 + 128
-    r.q = array<vec4<f32>, 8>(
-        bytes_f(q[0] ^ f, 128.0), bytes_f(q[1] ^ f, 128.0), bytes_f(q[2] ^ f, 128.0), bytes_f(q[3] ^ f, 128.0),
-        bytes_f(q[4] ^ f, 128.0), bytes_f(q[5] ^ f, 128.0), bytes_f(q[6] ^ f, 128.0), bytes_f(q[7] ^ f, 128.0),
+    var ch: Chunk;
+    ch.q = array<vec4<f32>, 8>(
+        bytes_f(at2(a[0], a[1], o) ^ f, 128.0), bytes_f(at2(a[1], a[2], o) ^ f, 128.0),
+        bytes_f(at2(a[2], a[3], o) ^ f, 128.0), bytes_f(at2(a[3], a[4], o) ^ f, 128.0),
+        bytes_f(at2(a[4], a[5], o) ^ f, 128.0), bytes_f(at2(a[5], a[6], o) ^ f, 128.0),
+        bytes_f(at2(a[6], a[7], o) ^ f, 128.0), bytes_f(at2(a[7], a[8], o) ^ f, 128.0),
     );
-    r.a0 = d;
+    ch.a0 = half0(a[0], o);
+    ch.a1 = ch.a0;
+    ch.m = 0.0;
+    return ch;
+}
 #endif
+
 #if Q4_0
+// d, 16 bytes of nibbles.
+struct Raw { a: array<u32, 5>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 18u * c;
-    r.a0 = f16_at(o);
-    r.q = nibbles(words4(o + 2u), 0u, false, 8.0);
+    let i = o >> 2u;
+    return Raw(array<u32, 5>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u]), is_odd(o));
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let o = r.odd;
+    let a = r.a;
+    var ch: Chunk;
+    let q = array<u32, 4>(at2(a[0], a[1], o), at2(a[1], a[2], o), at2(a[2], a[3], o), at2(a[3], a[4], o));
+    ch.q = nibbles(q, 0u, false, 8.0);
+    ch.a0 = half0(a[0], o);
+    ch.a1 = ch.a0;
+    ch.m = 0.0;
+    return ch;
+}
 #endif
+
 #if Q4_1
+// d, m, 16 bytes of nibbles.
+struct Raw { a: array<u32, 6>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 20u * c;
-    let dm = unpack2x16float(u32_at(o));
-    r.a0 = dm.x;
-    r.m = dm.y;
-    r.q = nibbles(words4(o + 4u), 0u, false, 0.0);
+    let i = o >> 2u;
+    let odd = is_odd(o);
+    return Raw(array<u32, 6>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + select(4u, 5u, odd)]), odd);
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let o = r.odd;
+    let a = r.a;
+    var ch: Chunk;
+    let q = array<u32, 4>(at0(a[1], a[2], o), at0(a[2], a[3], o), at0(a[3], a[4], o), at0(a[4], a[5], o));
+    ch.q = nibbles(q, 0u, false, 0.0);
+    let dm = unpack2x16float(at0(a[0], a[1], o));
+    ch.a0 = dm.x;
+    ch.a1 = dm.x;
+    ch.m = dm.y;
+    return ch;
+}
 #endif
+
 #if Q5_0
+// d, qh (u32), 16 bytes of nibbles.
+struct Raw { a: array<u32, 6>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 22u * c;
-    r.a0 = f16_at(o);
-    r.q = nibbles(words4(o + 6u), u32_at(o + 2u), true, 16.0);
+    let i = o >> 2u;
+    // 22 bytes from a 2-aligned offset always span 6 words.
+    return Raw(array<u32, 6>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u]), is_odd(o));
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let o = r.odd;
+    let a = r.a;
+    var ch: Chunk;
+    let q = array<u32, 4>(at2(a[1], a[2], o), at2(a[2], a[3], o), at2(a[3], a[4], o), at2(a[4], a[5], o));
+    ch.q = nibbles(q, at2(a[0], a[1], o), true, 16.0);
+    ch.a0 = half0(a[0], o);
+    ch.a1 = ch.a0;
+    ch.m = 0.0;
+    return ch;
+}
 #endif
+
 #if Q5_1
+// d, m, qh (u32), 16 bytes of nibbles.
+struct Raw { a: array<u32, 7>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 24u * c;
-    let dm = unpack2x16float(u32_at(o));
-    r.a0 = dm.x;
-    r.m = dm.y;
-    r.q = nibbles(words4(o + 8u), u32_at(o + 4u), true, 0.0);
+    let i = o >> 2u;
+    let odd = is_odd(o);
+    return Raw(array<u32, 7>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u], w[i + select(5u, 6u, odd)]), odd);
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let o = r.odd;
+    let a = r.a;
+    var ch: Chunk;
+    let q = array<u32, 4>(at0(a[2], a[3], o), at0(a[3], a[4], o), at0(a[4], a[5], o), at0(a[5], a[6], o));
+    ch.q = nibbles(q, at0(a[1], a[2], o), true, 0.0);
+    let dm = unpack2x16float(at0(a[0], a[1], o));
+    ch.a0 = dm.x;
+    ch.a1 = dm.x;
+    ch.m = dm.y;
+    return ch;
+}
 #endif
+
 #if Q4K
-    let j = c & 7u;
+// Super-block of 8 sub-blocks: d, dmin, 12 scale bytes, 128 bytes of nibbles. Chunk c is sub-block
+// j = c % 8 of super-block c / 8: nibbles j % 2 of bytes 16 + 32 (j / 2) ...
+struct Raw { h: array<u32, 5>, q: array<u32, 9>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let o = rb + 144u * (c >> 3u);
-    let hd = words4(o);
-    let am = kscale(hd[1], hd[2], hd[3], j, unpack2x16float(hd[0]));
-    r.a0 = am.x;
-    r.m = am.y;
-    let lo = words8(o + 16u + 32u * (j >> 1u));
-    r.q = kquants(lo, 4u * (j & 1u), lo, 0u, 0u, 0.0);
-#endif
-#if Q5K
+    let i = o >> 2u;
+    let odd = is_odd(o);
+    return Raw(span5h(i, odd), span9(i + 4u + 8u * ((c & 7u) >> 1u), odd), odd);
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
     let j = c & 7u;
-    let o = rb + 176u * (c >> 3u);
-    let hd = words4(o);
+    let hd = kheader(r.h, r.odd);
     let am = kscale(hd[1], hd[2], hd[3], j, unpack2x16float(hd[0]));
-    r.a0 = am.x;
-    r.m = am.y;
-    r.q = kquants(words8(o + 48u + 32u * (j >> 1u)), 4u * (j & 1u), words8(o + 16u), j, 0x01010101u, 0.0);
+    let lo = align8(r.q, r.odd);
+    var ch: Chunk;
+    ch.q = kquants(lo, 4u * (j & 1u), lo, 0u, 0u, 0.0);
+    ch.a0 = am.x;
+    ch.a1 = am.x;
+    ch.m = am.y;
+    return ch;
+}
 #endif
+
+#if Q5K
+// As Q4_K with 32 bytes of fifth bits (bit j of byte l: element l of sub-block j) before the nibbles.
+struct Raw { h: array<u32, 5>, qh: array<u32, 9>, q: array<u32, 9>, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
+    let o = rb + 176u * (c >> 3u);
+    let i = o >> 2u;
+    let odd = is_odd(o);
+    return Raw(span5h(i, odd), span9(i + 4u, odd), span9(i + 12u + 8u * ((c & 7u) >> 1u), odd), odd);
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let j = c & 7u;
+    let hd = kheader(r.h, r.odd);
+    let am = kscale(hd[1], hd[2], hd[3], j, unpack2x16float(hd[0]));
+    var ch: Chunk;
+    ch.q = kquants(align8(r.q, r.odd), 4u * (j & 1u), align8(r.qh, r.odd), j, 0x01010101u, 0.0);
+    ch.a0 = am.x;
+    ch.a1 = am.x;
+    ch.m = am.y;
+    return ch;
+}
+#endif
+
 #if Q6K
-    // Elements 128h + 32s + l: ql[64h + 32(s & 1) + l] nibble s >> 1, qh[32h + l] bits 2s.
+// ql (128 B), qh (64 B), 16 i8 scales, d. Chunk c is t = c % 8 = 4 hh + s of super-block c / 8:
+// elements 128 hh + 32 s + l take nibble s / 2 of ql[64 hh + 32 (s % 2) + l] and bits 2s of
+// qh[32 hh + l], scales 8 hh + 2 s (l < 16) and + 1.
+struct Raw { ql: array<u32, 9>, qh: array<u32, 9>, sc: u32, d: u32, odd: bool }
+
+fn load(rb: u32, c: u32) -> Raw {
     let t = c & 7u;
     let hh = t >> 2u;
     let s = t & 3u;
     let o = rb + 210u * (c >> 3u);
-    let d = f16_at(o + 208u);
-    let sc = u16_at(o + 192u + 8u * hh + 2u * s); // scales of elements 0..16 and 16..32
-    r.a0 = d * f32(extractBits(bitcast<i32>(sc), 0u, 8u));
-    r.a1 = d * f32(extractBits(bitcast<i32>(sc), 8u, 8u));
-    r.q = kquants(words8(o + 64u * hh + 32u * (s & 1u)), 4u * (s >> 1u), words8(o + 128u + 32u * hh), 2u * s, 0x03030303u, 32.0);
-#else
-    r.a1 = r.a0;
+    let i = o >> 2u;
+    let odd = is_odd(o);
+    return Raw(
+        span9(i + 16u * hh + 8u * (s & 1u), odd),
+        span9(i + 32u + 8u * hh, odd),
+        w[(o + 192u + 8u * hh + 2u * s) >> 2u],
+        w[(o + 208u) >> 2u],
+        odd,
+    );
+}
+
+fn decode(r: Raw, c: u32) -> Chunk {
+    let t = c & 7u;
+    let s = t & 3u;
+    // The two scale bytes sit in the upper half of their word when exactly one of the block and the
+    // pair starts mid-word.
+    let sc = r.sc >> (16u * (u32(r.odd) ^ (s & 1u)));
+    let d = unpack2x16float(select(r.d, r.d >> 16u, r.odd)).x;
+    var ch: Chunk;
+    ch.q = kquants(align8(r.ql, r.odd), 4u * (s >> 1u), align8(r.qh, r.odd), 2u * s, 0x03030303u, 32.0);
+    ch.a0 = d * f32(extractBits(bitcast<i32>(sc), 0u, 8u));
+    ch.a1 = d * f32(extractBits(bitcast<i32>(sc), 8u, 8u));
+    ch.m = 0.0;
+    return ch;
+}
 #endif
-    return r;
+
+// Chunk c (elements 32c .. 32c + 32) of the row whose blocks start at byte `rb` of `w`.
+fn chunk(rb: u32, c: u32) -> Chunk {
+    return decode(load(rb, c), c);
 }
 
 #if DEQ_MAIN

@@ -4,15 +4,17 @@
 // (dequant.wgsl, appended to this file, decodes 32-element chunks; see there for the layout).
 //
 // A workgroup covers TEAMS = 8 teams of R rows. A team's lanes stride along K one 32-element chunk at a
-// time (adjacent lanes read adjacent blocks, so a team streams its rows contiguously) and keep U chunks
-// per row in flight; each lane's R rows share its x loads. Per chunk the sums of q * x (in f32) are
-// scaled once by the block scale (and the block min times sum x is added for the types with mins), so
-// a weight element costs one OR, one subtraction and one FMA per batch row. With SG the team is a
+// time (adjacent lanes read adjacent blocks, so a team streams its rows contiguously) and keeps U chunks
+// per row in flight as raw words (all loads of a step are issued before any decoding); each lane's R
+// rows share its x loads. Per chunk the sums of q * x (in f32) are scaled once by the block scale (and
+// the block min times sum x is added for the types with mins), so a weight element costs a byte
+// extract, one OR, one subtraction and one FMA per batch row. With SG the team is a
 // hardware subgroup (any size: teams g = subgroup_id, += num_subgroups) reducing with subgroupAdd,
 // otherwise 32 invocations reducing through a workgroup-memory tree.
 //
 // Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO / TB (x, out, bias scalar types), F16,
-// NB, R, U, WG (workgroup size), XVEC (x offset allows vec4 loads), SG, BIAS, MIN (type has mins).
+// NB, R, U, UREM (U > 1), WG (workgroup size), XVEC (x offset allows vec4 loads), SG, BIAS, MIN (type
+// has mins).
 #if F16
 enable f16;
 #endif
@@ -79,6 +81,27 @@ fn dot_chunk(r: Chunk, x: array<vec4<f32>, 8>, xsum: vec4<f32>) -> vec4<f32> {
     return t;
 }
 
+// acc += chunk c of the lane's R rows (raw words `raw`) times x[b, 32c ..] for every batch row b.
+fn accumulate(acc: ptr<function, array<vec4<f32>, NACC>>, raw: array<Raw, R>, c: u32) {
+    var ch: array<Chunk, R>;
+    for (var r = 0u; r < R; r++) {
+        ch[r] = decode(raw[r], c);
+    }
+    for (var b = 0u; b < NB; b++) {
+        var x: array<vec4<f32>, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            x[i] = xv(b, 8u * c + i);
+        }
+        var xsum = vec4<f32>(0.0);
+#if MIN
+        xsum = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+#endif
+        for (var r = 0u; r < R; r++) {
+            (*acc)[r * NB + b] += dot_chunk(ch[r], x, xsum);
+        }
+    }
+}
+
 // One lane's partial sums for rows first .. first + R (rows past the end repeat the last row; their
 // sums are dropped), accumulator i = row i / NB, batch row i % NB.
 fn team(first: u32, lane: u32, ts: u32) -> array<vec4<f32>, NACC> {
@@ -87,34 +110,30 @@ fn team(first: u32, lane: u32, ts: u32) -> array<vec4<f32>, NACC> {
     for (var r = 0u; r < R; r++) {
         rb[r] = p.off_w * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
     }
-    for (var c0 = lane; c0 < p.nchunks; c0 += U * ts) {
-        // Issue every load of the step before any arithmetic.
-        var ch: array<Chunk, U * R>;
+    var c0 = lane;
+    // Whole steps: every load of the step is issued (as raw words) before any decoding, and the body
+    // has no branches, so the compiler is free to schedule the x loads early too.
+    for (; c0 + (U - 1u) * ts < p.nchunks; c0 += U * ts) {
+        var raw: array<array<Raw, R>, U>;
         for (var u = 0u; u < U; u++) {
-            let c = min(c0 + u * ts, p.nchunks - 1u);
             for (var r = 0u; r < R; r++) {
-                ch[u * R + r] = chunk(rb[r], c);
+                raw[u][r] = load(rb[r], c0 + u * ts);
             }
         }
         for (var u = 0u; u < U; u++) {
-            let c = c0 + u * ts;
-            if c < p.nchunks {
-                for (var b = 0u; b < NB; b++) {
-                    var x: array<vec4<f32>, 8>;
-                    for (var i = 0u; i < 8u; i++) {
-                        x[i] = xv(b, 8u * c + i);
-                    }
-                    var xsum = vec4<f32>(0.0);
-#if MIN
-                    xsum = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-#endif
-                    for (var r = 0u; r < R; r++) {
-                        acc[r * NB + b] += dot_chunk(ch[u * R + r], x, xsum);
-                    }
-                }
-            }
+            accumulate(&acc, raw[u], c0 + u * ts);
         }
     }
+#if UREM
+    // The lane's last chunks, fewer than U.
+    for (; c0 < p.nchunks; c0 += ts) {
+        var raw: array<Raw, R>;
+        for (var r = 0u; r < R; r++) {
+            raw[r] = load(rb[r], c0);
+        }
+        accumulate(&acc, raw, c0);
+    }
+#endif
     return acc;
 }
 

@@ -6,7 +6,11 @@ mod gui;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "drift", version, about = "Local generative AI on the GPU you already own")]
+#[command(
+    name = "drift",
+    version,
+    about = "Local generative AI on the GPU you already own"
+)]
 struct Args {
     /// GPU backend for CLI commands (vulkan, metal, dx12, gl); default: the best available.
     #[arg(long, global = true)]

@@ -52,11 +52,18 @@ impl Gpu {
         cost: Cost,
     ) -> Result<Dispatch> {
         if tensors.len() > MAX_TENSORS {
-            return Err(shape_err!("{} binds {} tensors (max {MAX_TENSORS})", kernel.name, tensors.len()));
+            return Err(shape_err!(
+                "{} binds {} tensors (max {MAX_TENSORS})",
+                kernel.name,
+                tensors.len()
+            ));
         }
         let max = self.caps.max_workgroups_per_dimension;
         if workgroups.iter().any(|&w| w > max) {
-            return Err(shape_err!("{}: grid {workgroups:?} is over the device's {max}", kernel.name));
+            return Err(shape_err!(
+                "{}: grid {workgroups:?} is over the device's {max}",
+                kernel.name
+            ));
         }
         // Views of one buffer (an arena) read and written by one dispatch need the all-read_write variant.
         let shares_buffer = tensors.iter().enumerate().any(|(i, a)| {
@@ -89,7 +96,8 @@ impl Gpu {
             wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             Category::Other,
         )?;
-        self.queue.write_buffer(&uniform.buffer, 0, bytemuck::cast_slice(&words));
+        self.queue
+            .write_buffer(&uniform.buffer, 0, bytemuck::cast_slice(&words));
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: uniform.buffer.as_entire_binding(),
@@ -107,7 +115,10 @@ impl Gpu {
             entries: &entries,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(crate::DriftError::Gpu(format!("binding {}: {e}", kernel.name)));
+            return Err(crate::DriftError::Gpu(format!(
+                "binding {}: {e}",
+                kernel.name
+            )));
         }
         let mut keep = vec![uniform];
         keep.extend(tensors.iter().map(|t| t.storage.buffer.clone()));

@@ -63,7 +63,13 @@ pub struct LlmSession {
 }
 
 impl LlmSession {
-    pub fn new(gpu: &Gpu, model: LlamaModel, tokenizer: TextTokenizer, template: Option<ChatTemplate>, eos: Vec<u32>) -> Result<LlmSession> {
+    pub fn new(
+        gpu: &Gpu,
+        model: LlamaModel,
+        tokenizer: TextTokenizer,
+        template: Option<ChatTemplate>,
+        eos: Vec<u32>,
+    ) -> Result<LlmSession> {
         let rb = || {
             gpu.create_buffer(
                 "token readback",
@@ -73,7 +79,12 @@ impl LlmSession {
             )
         };
         Ok(LlmSession {
-            cand: gpu.tensor("candidates", &[2 * crate::sampling::MAX_CANDIDATES + 2], DType::U32, Category::Activations)?,
+            cand: gpu.tensor(
+                "candidates",
+                &[2 * crate::sampling::MAX_CANDIDATES + 2],
+                DType::U32,
+                Category::Activations,
+            )?,
             readback: [rb()?, rb()?],
             inflight: Default::default(),
             model,
@@ -88,7 +99,11 @@ impl LlmSession {
     pub fn render(&self, messages: &[Message]) -> Result<String> {
         match &self.template {
             Some(t) => t.render(messages, true),
-            None => Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n")),
+            None => Ok(messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")),
         }
     }
 
@@ -112,7 +127,12 @@ impl LlmSession {
         let m = &self.model;
         m.check_length(prompt.len() + 1)?;
         // Reuse the cached prefix (keep at least one token to prefill so there are logits).
-        let mut keep = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut keep = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         keep = keep.min(prompt.len() - 1);
         let new = &prompt[keep..];
         let t0 = Instant::now();
@@ -202,13 +222,24 @@ impl LlmSession {
             tokens: tokens.clone(),
             prompt_tokens: prompt.len(),
             prefill_tokens_per_s: new.len() as f64 / prefill_s,
-            decode_tokens_per_s: if tokens.len() > 1 { (tokens.len() - 1) as f64 / decode_s } else { 0.0 },
+            decode_tokens_per_s: if tokens.len() > 1 {
+                (tokens.len() - 1) as f64 / decode_s
+            } else {
+                0.0
+            },
             stop_reason: stop,
         })
     }
 
     /// Appends token selection to a program: argmax for plain greedy, else the candidate kernel.
-    fn push_select(&self, gpu: &Gpu, p: &mut Program, greedy: bool, k: usize, s: &SamplingParams) -> Result<()> {
+    fn push_select(
+        &self,
+        gpu: &Gpu,
+        p: &mut Program,
+        greedy: bool,
+        k: usize,
+        s: &SamplingParams,
+    ) -> Result<()> {
         let m = &self.model;
         if greedy {
             p.push(m.argmax_dispatch(gpu)?);
@@ -245,11 +276,30 @@ impl LlmSession {
         // Greedy: the id the argmax wrote; sampling: the candidate list.
         let (src, len) = (&m.ids.storage, 4u64);
         let (csrc, clen) = (&self.cand.storage, self.cand.byte_len());
-        enc.copy_buffer_to_buffer(&src.buffer.buffer, src.offset, &self.readback[slot].buffer, 0, len);
-        enc.copy_buffer_to_buffer(&csrc.buffer.buffer, csrc.offset, &self.readback[slot].buffer, 8, clen);
+        enc.copy_buffer_to_buffer(
+            &src.buffer.buffer,
+            src.offset,
+            &self.readback[slot].buffer,
+            0,
+            len,
+        );
+        enc.copy_buffer_to_buffer(
+            &csrc.buffer.buffer,
+            csrc.offset,
+            &self.readback[slot].buffer,
+            8,
+            clen,
+        );
     }
 
-    fn read_token(&self, gpu: &Gpu, slot: usize, greedy: bool, k: usize, sampler: &mut Sampler) -> Result<u32> {
+    fn read_token(
+        &self,
+        gpu: &Gpu,
+        slot: usize,
+        greedy: bool,
+        k: usize,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
         let buf = &self.readback[slot].buffer;
         let (tx, rx) = std::sync::mpsc::channel();
         buf.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -267,7 +317,9 @@ impl LlmSession {
             .map_err(|e| DriftError::Gpu(e.to_string()))?
             .map_err(|e| DriftError::Gpu(format!("token readback: {e}")))?;
         let words: Vec<u32> = {
-            let view = buf.get_mapped_range(..).map_err(|e| DriftError::Gpu(format!("{e:?}")))?;
+            let view = buf
+                .get_mapped_range(..)
+                .map_err(|e| DriftError::Gpu(format!("{e:?}")))?;
             bytemuck::cast_slice(&view).to_vec()
         };
         buf.unmap();

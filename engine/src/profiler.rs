@@ -175,7 +175,10 @@ impl Profiler {
             match source {
                 TimingSource::GpuInsidePass => {
                     let mut pass = enc.begin_compute_pass(&Default::default());
-                    for (q, d) in program.dispatches[start as usize..end as usize].iter().enumerate() {
+                    for (q, d) in program.dispatches[start as usize..end as usize]
+                        .iter()
+                        .enumerate()
+                    {
                         pass.write_timestamp(qs, 2 * q as u32);
                         pass.set_pipeline(&d.kernel.pipeline);
                         pass.set_bind_group(0, &d.bind_group, &[]);
@@ -184,7 +187,10 @@ impl Profiler {
                     }
                 }
                 _ => {
-                    for (q, d) in program.dispatches[start as usize..end as usize].iter().enumerate() {
+                    for (q, d) in program.dispatches[start as usize..end as usize]
+                        .iter()
+                        .enumerate()
+                    {
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(&d.name),
                             timestamp_writes: Some(wgpu::ComputePassTimestampWrites {

@@ -2,8 +2,8 @@
 //! penalised logits and the full-vocabulary normaliser; this file applies top-k, min-p and top-p to them
 //! and draws with Drift's documented RNG (rand's StdRng, ChaCha12, seeded by the user's seed).
 
-use rand::{Rng, SeedableRng};
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// What the user sets. `temperature == 0` means greedy.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,9 +168,21 @@ mod tests {
     #[test]
     fn top_k_one_and_min_p_restrict_the_choice() {
         let c = cands(&[5.0, 4.9, 0.0, -1.0]);
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        });
         assert!((0..50).all(|_| s.pick(&c) == 0));
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        });
         let picks: Vec<u32> = (0..200).map(|_| s.pick(&c)).collect();
         assert!(picks.iter().all(|&p| p < 2) && picks.contains(&0) && picks.contains(&1));
     }
@@ -178,21 +190,40 @@ mod tests {
     #[test]
     fn sampling_follows_the_distribution_and_the_seed() {
         let c = cands(&[1.0, 0.0]);
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
         let mut s = Sampler::new(params.clone());
         let n = 20000;
         let zeros = (0..n).filter(|_| s.pick(&c) == 0).count() as f64 / n as f64;
         let want = 1.0f64.exp() / (1.0f64.exp() + 1.0);
         assert!((zeros - want).abs() < 0.02, "{zeros} vs {want}");
-        let a: Vec<u32> = { let mut s = Sampler::new(params.clone()); (0..32).map(|_| s.pick(&c)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(params); (0..32).map(|_| s.pick(&c)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(params.clone());
+            (0..32).map(|_| s.pick(&c)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(params);
+            (0..32).map(|_| s.pick(&c)).collect()
+        };
         assert_eq!(a, b);
     }
 
     #[test]
     fn top_p_cuts_the_tail() {
         let c = cands(&[2.0, 1.0, -5.0, -6.0]);
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            ..Default::default()
+        });
         assert!((0..100).all(|_| s.pick(&c) == 0));
     }
 }

@@ -60,7 +60,9 @@ impl DType {
     /// Bytes for `n` values; `n` must be a whole number of blocks for quantised types.
     pub fn bytes_for(self, n: usize) -> Result<u64> {
         if !n.is_multiple_of(self.block_elems()) {
-            return Err(shape_err!("{n} values of {self:?} are not a whole number of blocks"));
+            return Err(shape_err!(
+                "{n} values of {self:?} are not a whole number of blocks"
+            ));
         }
         Ok((n / self.block_elems() * self.block_bytes()) as u64)
     }
@@ -126,7 +128,11 @@ impl Tensor {
 
     /// Size of dimension `d`, counting from the end when negative.
     pub fn dim(&self, d: isize) -> usize {
-        let i = if d < 0 { self.shape.len() as isize + d } else { d };
+        let i = if d < 0 {
+            self.shape.len() as isize + d
+        } else {
+            d
+        };
         self.shape[i as usize]
     }
 
@@ -200,7 +206,10 @@ impl Tensor {
             ));
         }
         if !pad.is_multiple_of(self.elem_bytes()) {
-            return Err(shape_err!("tensor offset {} is not element aligned", self.storage.offset));
+            return Err(shape_err!(
+                "tensor offset {} is not element aligned",
+                self.storage.offset
+            ));
         }
         Ok(Binding {
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -219,7 +228,10 @@ impl Tensor {
         let row_bytes = self.storage.len / rows.max(1) as u64;
         let per = ((max_binding.saturating_sub(BINDING_ALIGN)) / row_bytes.max(1)) as usize;
         if per == 0 {
-            return Err(shape_err!("one row of {:?} is larger than a storage binding", self.shape));
+            return Err(shape_err!(
+                "one row of {:?} is larger than a storage binding",
+                self.shape
+            ));
         }
         let mut out = Vec::new();
         let mut r = 0;

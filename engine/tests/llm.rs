@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicBool;
 
 use drift_engine::generate::{GenerateOptions, LlmSession, StopReason};
 use drift_engine::models::hf::HfFolder;
-use drift_engine::models::llama::{LlamaModel, LlamaWeights};
 use drift_engine::models::llama::QuantScheme;
+use drift_engine::models::llama::{LlamaModel, LlamaWeights};
 use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
@@ -25,15 +25,22 @@ fn gpu() -> &'static Gpu {
 fn gpu_f32() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        let o = GpuOptions { disable: Some("f16".into()), ..GpuOptions::from_env() };
+        let o = GpuOptions {
+            disable: Some("f16".into()),
+            ..GpuOptions::from_env()
+        };
         Gpu::new(&o).expect("a Vulkan device")
     })
 }
 
 fn fixture(name: &str) -> (HfFolder, Value) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm").join(name);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm")
+        .join(name);
     let folder = HfFolder::open(&dir).unwrap();
-    let reference = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let reference =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     (folder, reference)
 }
 
@@ -41,11 +48,18 @@ fn session(gpu: &Gpu, name: &str) -> (LlmSession, Value) {
     let (f, r) = fixture(name);
     let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
     let model = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
-    (LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos).unwrap(), r)
+    (
+        LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos).unwrap(),
+        r,
+    )
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_model(name: &str) {
@@ -63,31 +77,89 @@ fn check_model_on(gpu: &Gpu, name: &str) {
     // f16 path: weights, activations and the KV cache rounded to f16 (and f32 fixture weights rounded
     // on upload): 0.25 absolute (2% of the spread) + 1% relative.
     let got = s.prompt_logits(gpu, &prompt).unwrap();
-    let want: Vec<f64> = r["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap())).collect();
-    let (atol, rtol) = if gpu.caps.f16 { (0.25, 1e-2) } else { (5e-4, 1e-4) };
-    let c = drift_engine::selftest::compare(format!("{name} logits (f16: {})", gpu.caps.f16), &got, &want, atol, rtol);
+    let want: Vec<f64> = r["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
+        .collect();
+    let (atol, rtol) = if gpu.caps.f16 {
+        (0.25, 1e-2)
+    } else {
+        (5e-4, 1e-4)
+    };
+    let c = drift_engine::selftest::compare(
+        format!("{name} logits (f16: {})", gpu.caps.f16),
+        &got,
+        &want,
+        atol,
+        rtol,
+    );
     println!("{c}");
     assert!(c.passed, "{c}");
     // 32 greedy tokens identical to transformers.
-    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: 32, stop: vec![] };
+    let opts = GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_tokens: 32,
+        stop: vec![],
+    };
     let mut out = Vec::new();
-    let g = s.generate(gpu, &prompt, &opts, &AtomicBool::new(false), &mut |t| out.push(t.to_string())).unwrap();
+    let g = s
+        .generate(gpu, &prompt, &opts, &AtomicBool::new(false), &mut |t| {
+            out.push(t.to_string())
+        })
+        .unwrap();
     let want_greedy = ids(&r["greedy"]);
     // EOS may stop the reference continuation early in ours: compare the common prefix, which must be
     // the whole reference unless an EOS id appears in it.
-    let n = want_greedy.iter().position(|t| s.eos.contains(t)).unwrap_or(want_greedy.len());
-    assert_eq!(&g.tokens[..n.min(g.tokens.len())], &want_greedy[..n], "{name}: greedy tokens");
-    assert!(g.tokens.len() >= n, "{name}: stopped early ({:?})", g.stop_reason);
-    assert_eq!(out.concat(), g.text, "{name}: streamed pieces concatenate to the text");
+    let n = want_greedy
+        .iter()
+        .position(|t| s.eos.contains(t))
+        .unwrap_or(want_greedy.len());
+    assert_eq!(
+        &g.tokens[..n.min(g.tokens.len())],
+        &want_greedy[..n],
+        "{name}: greedy tokens"
+    );
+    assert!(
+        g.tokens.len() >= n,
+        "{name}: stopped early ({:?})",
+        g.stop_reason
+    );
+    assert_eq!(
+        out.concat(),
+        g.text,
+        "{name}: streamed pieces concatenate to the text"
+    );
     // Chat templates and tokenisation identical to transformers.
     for chat in r["chat"].as_array().unwrap() {
-        let msgs: Vec<Message> = chat["messages"].as_array().unwrap().iter()
-            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
-        let text = s.template.as_ref().unwrap().render(&msgs, chat["add_generation_prompt"].as_bool().unwrap()).unwrap();
-        assert_eq!(text, chat["text"].as_str().unwrap(), "{name}: chat template");
+        let msgs: Vec<Message> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let text = s
+            .template
+            .as_ref()
+            .unwrap()
+            .render(&msgs, chat["add_generation_prompt"].as_bool().unwrap())
+            .unwrap();
+        assert_eq!(
+            text,
+            chat["text"].as_str().unwrap(),
+            "{name}: chat template"
+        );
     }
     for t in r["tokenize"].as_array().unwrap() {
-        assert_eq!(s.tokenizer.encode(t["text"].as_str().unwrap(), false).unwrap(), ids(&t["ids"]), "{name}: tokens of {}", t["text"]);
+        assert_eq!(
+            s.tokenizer
+                .encode(t["text"].as_str().unwrap(), false)
+                .unwrap(),
+            ids(&t["ids"]),
+            "{name}: tokens of {}",
+            t["text"]
+        );
     }
 }
 
@@ -111,35 +183,68 @@ fn chat_session_reuses_the_cache_and_limits_hold() {
     let gpu = gpu();
     let (mut s, r) = session(gpu, "llama-gqa");
     let prompt = ids(&r["prompt_ids"]);
-    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: 5, stop: vec![] };
+    let opts = GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_tokens: 5,
+        stop: vec![],
+    };
     let cancel = AtomicBool::new(false);
-    let a = s.generate(gpu, &prompt, &opts, &cancel, &mut |_| {}).unwrap();
+    let a = s
+        .generate(gpu, &prompt, &opts, &cancel, &mut |_| {})
+        .unwrap();
     assert_eq!(a.stop_reason, StopReason::MaxTokens);
     // Continuing the same sequence reuses the cache and gives the same tokens as one long run.
     let mut longer = prompt.clone();
     longer.extend(&a.tokens);
-    let b = s.generate(gpu, &longer, &opts, &cancel, &mut |_| {}).unwrap();
+    let b = s
+        .generate(gpu, &longer, &opts, &cancel, &mut |_| {})
+        .unwrap();
     let want = ids(&r["greedy"]);
-    assert_eq!([a.tokens.clone(), b.tokens.clone()].concat(), want[..10].to_vec());
+    assert_eq!(
+        [a.tokens.clone(), b.tokens.clone()].concat(),
+        want[..10].to_vec()
+    );
     // A prompt over the context is an error, not an out-of-bounds access.
     let too_long = vec![1u32; 65];
-    let e = s.generate(gpu, &too_long, &opts, &cancel, &mut |_| {}).unwrap_err();
+    let e = s
+        .generate(gpu, &too_long, &opts, &cancel, &mut |_| {})
+        .unwrap_err();
     assert!(e.to_string().contains("context"), "{e}");
     // Cancel stops after the first token.
     let cancelled = AtomicBool::new(true);
-    let c = s.generate(gpu, &prompt, &opts, &cancelled, &mut |_| {}).unwrap();
+    let c = s
+        .generate(gpu, &prompt, &opts, &cancelled, &mut |_| {})
+        .unwrap();
     assert_eq!((c.stop_reason, c.tokens.len()), (StopReason::Cancelled, 1));
     // Seeded sampling is reproducible.
-    let sampling = SamplingParams { temperature: 0.8, top_k: 20, top_p: 0.9, min_p: 0.0, repeat_penalty: 1.1, repeat_window: 16, seed: 42 };
-    let sopts = GenerateOptions { sampling, max_tokens: 8, stop: vec![] };
-    let x = s.generate(gpu, &prompt, &sopts, &cancel, &mut |_| {}).unwrap();
-    let y = s.generate(gpu, &prompt, &sopts, &cancel, &mut |_| {}).unwrap();
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        min_p: 0.0,
+        repeat_penalty: 1.1,
+        repeat_window: 16,
+        seed: 42,
+    };
+    let sopts = GenerateOptions {
+        sampling,
+        max_tokens: 8,
+        stop: vec![],
+    };
+    let x = s
+        .generate(gpu, &prompt, &sopts, &cancel, &mut |_| {})
+        .unwrap();
+    let y = s
+        .generate(gpu, &prompt, &sopts, &cancel, &mut |_| {})
+        .unwrap();
     assert_eq!(x.tokens, y.tokens);
 }
 
 /// A copy of a fixture folder in a fresh temp dir.
 fn copy_fixture(name: &str, tag: &str) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm").join(name);
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm")
+        .join(name);
     let dst = std::env::temp_dir().join(format!("drift-{tag}-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
     std::fs::create_dir_all(&dst).unwrap();
@@ -163,8 +268,10 @@ fn sharded_safetensors_with_an_index_load_like_one_file() {
     let mut map = serde_json::Map::new();
     for (i, part) in [a, b].iter().enumerate() {
         let file = format!("model-0000{}-of-00002.safetensors", i + 1);
-        let views: Vec<(String, safetensors::tensor::TensorView)> =
-            part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
         safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
         for n in part.iter() {
             map.insert(n.clone(), file.clone().into());
@@ -178,16 +285,33 @@ fn sharded_safetensors_with_an_index_load_like_one_file() {
     let prompt = ids(&r["prompt_ids"]);
     let mut sharded = open_llm(gpu, &dir, Some(32), QuantScheme::None).unwrap();
     let (mut single, _) = session(gpu, "llama-gqa");
-    assert_eq!(sharded.prompt_logits(gpu, &prompt).unwrap(), single.prompt_logits(gpu, &prompt).unwrap());
+    assert_eq!(
+        sharded.prompt_logits(gpu, &prompt).unwrap(),
+        single.prompt_logits(gpu, &prompt).unwrap()
+    );
 
     // A missing shard and a truncated shard are clear errors.
-    std::fs::copy(dir.join("model-00002-of-00002.safetensors"), dir.join("keep")).unwrap();
+    std::fs::copy(
+        dir.join("model-00002-of-00002.safetensors"),
+        dir.join("keep"),
+    )
+    .unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
-    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("missing"), "{e}");
     let full = std::fs::read(dir.join("keep")).unwrap();
-    std::fs::write(dir.join("model-00002-of-00002.safetensors"), &full[..full.len() - 100]).unwrap();
-    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None).err().unwrap().to_string();
+    std::fs::write(
+        dir.join("model-00002-of-00002.safetensors"),
+        &full[..full.len() - 100],
+    )
+    .unwrap();
+    let e = open_llm(gpu, &dir, Some(32), QuantScheme::None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("truncated") || e.contains("valid"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -197,11 +321,19 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
     use drift_engine::models::load::open_llm;
     let gpu = gpu_f32();
     let dir = copy_fixture("llama-gqa", "arch");
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("LlamaForCausalLM", "FalconForCausalLM");
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("LlamaForCausalLM", "FalconForCausalLM");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
-    let e = open_llm(gpu, &dir, None, QuantScheme::None).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir, None, QuantScheme::None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("FalconForCausalLM"), "{e}");
-    let e = open_llm(gpu, &dir.join("pytorch_model.bin"), None, QuantScheme::None).err().unwrap().to_string();
+    let e = open_llm(gpu, &dir.join("pytorch_model.bin"), None, QuantScheme::None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("pickle"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

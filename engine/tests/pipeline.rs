@@ -35,13 +35,25 @@ fn assemble(reference: &serde_json::Value) -> PathBuf {
     copy_dir(&f.join("sd/unet_a"), &d.join("unet"));
     copy_dir(&f.join("sd/vae"), &d.join("vae"));
     std::fs::create_dir_all(d.join("scheduler")).unwrap();
-    std::fs::write(d.join("scheduler/scheduler_config.json"), reference["scheduler_config"].to_string()).unwrap();
-    std::fs::write(d.join("model_index.json"), reference["model_index"].to_string()).unwrap();
+    std::fs::write(
+        d.join("scheduler/scheduler_config.json"),
+        reference["scheduler_config"].to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("model_index.json"),
+        reference["model_index"].to_string(),
+    )
+    .unwrap();
     d
 }
 
 fn psnr(got: &[u8], want: &[f32]) -> f64 {
-    let mse: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 / 255.0 - w as f64).powi(2)).sum::<f64>()
+    let mse: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 / 255.0 - w as f64).powi(2))
+        .sum::<f64>()
         / want.len() as f64;
     10.0 * (1.0 / mse.max(1e-12)).log10()
 }
@@ -49,8 +61,10 @@ fn psnr(got: &[u8], want: &[f32]) -> f64 {
 #[test]
 fn tiny_pipeline_matches_diffusers_for_every_scheduler() {
     let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("pipeline/reference.json")).unwrap()).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("pipeline/reference.json")).unwrap(),
+    )
+    .unwrap();
     let tensors = SafetensorsSet::open(&fixtures().join("pipeline/reference.safetensors")).unwrap();
     let dir = assemble(&reference);
     let size = reference["size"].as_u64().unwrap() as usize;
@@ -84,7 +98,11 @@ fn tiny_pipeline_matches_diffusers_for_every_scheduler() {
         let want = tensors.get(kind.name()).unwrap().to_f32().unwrap();
         let db = psnr(&r.image.pixels, &want);
         println!("{}: PSNR {db:.1} dB", kind.name());
-        assert!(db > 35.0, "{}: PSNR {db:.1} dB against diffusers", kind.name());
+        assert!(
+            db > 35.0,
+            "{}: PSNR {db:.1} dB against diffusers",
+            kind.name()
+        );
     }
 
     // Cancel from the progress callback stops the run with an error.
@@ -98,7 +116,10 @@ fn tiny_pipeline_matches_diffusers_for_every_scheduler() {
         init: None,
         latents: None,
     };
-    let e = pipe.generate(&gpu, &req, &mut |step, _, _| step < 2).err().unwrap();
+    let e = pipe
+        .generate(&gpu, &req, &mut |step, _, _| step < 2)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("cancelled"));
 
     // Seeded runs reproduce; the PNG carries the parameters; img2img from it keeps the image close.
@@ -107,11 +128,26 @@ fn tiny_pipeline_matches_diffusers_for_every_scheduler() {
     assert_eq!(a.image.pixels, b.image.pixels);
     let png = dir.join("out.png");
     save_png(&png, &a.image, Some(&a.parameters)).unwrap();
-    assert!(read_parameters(&png).unwrap().unwrap().contains("Sampler: Euler a, CFG scale: 7.5, Seed: 3"));
+    assert!(
+        read_parameters(&png)
+            .unwrap()
+            .unwrap()
+            .contains("Sampler: Euler a, CFG scale: 7.5, Seed: 3")
+    );
     // img2img against diffusers: the Euler image repainted at strength 0.5 (posterior mean, given noise).
     let init = load_png(&png).unwrap();
-    let init_px: Vec<u8> = tensors.get("img2img_init").unwrap().to_f32().unwrap().iter().map(|v| (v * 255.0).round() as u8).collect();
-    let init = drift_engine::diffusion::image::RgbImage { pixels: init_px, ..init };
+    let init_px: Vec<u8> = tensors
+        .get("img2img_init")
+        .unwrap()
+        .to_f32()
+        .unwrap()
+        .iter()
+        .map(|v| (v * 255.0).round() as u8)
+        .collect();
+    let init = drift_engine::diffusion::image::RgbImage {
+        pixels: init_px,
+        ..init
+    };
     let i2i = ImageRequest {
         prompt: reference["prompt"].as_str().unwrap().into(),
         negative: reference["negative"].as_str().unwrap().into(),
@@ -121,7 +157,10 @@ fn tiny_pipeline_matches_diffusers_for_every_scheduler() {
         ..req
     };
     let c = pipe.generate(&gpu, &i2i, &mut |_, _, _| true).unwrap();
-    let db = psnr(&c.image.pixels, &tensors.get("img2img_euler").unwrap().to_f32().unwrap());
+    let db = psnr(
+        &c.image.pixels,
+        &tensors.get("img2img_euler").unwrap().to_f32().unwrap(),
+    );
     println!("img2img euler: PSNR {db:.1} dB");
     assert!(db > 35.0, "img2img: PSNR {db:.1} dB against diffusers");
     let _ = std::fs::remove_dir_all(&dir);

@@ -16,12 +16,19 @@ use drift_engine::{Gpu, GpuOptions};
 use serde_json::Value;
 
 fn reference() -> Value {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2/reference.json");
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/smollm2/reference.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -30,7 +37,9 @@ fn smollm2_answers_paris_like_transformers() {
     let r = reference();
     let mut s = open_llm(&gpu, &smollm2::smollm2_path(), Some(256), QuantScheme::None).unwrap();
     // The chat template and tokenizer from the GGUF give transformers' prompt ids.
-    let text = s.render(&[Message::new("user", "What is the capital of France?")]).unwrap();
+    let text = s
+        .render(&[Message::new("user", "What is the capital of France?")])
+        .unwrap();
     assert_eq!(text, r["prompt"].as_str().unwrap());
     let prompt = s.tokenizer.encode(&text, false).unwrap();
     assert_eq!(prompt, ids(&r["prompt_ids"]));
@@ -43,20 +52,37 @@ fn smollm2_answers_paris_like_transformers() {
     let mut order: Vec<usize> = (0..vocab).collect();
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
     let want_ids = ids(&r["top10_ids"]);
-    let want_vals: Vec<f64> = r["top10_logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let want_vals: Vec<f64> = r["top10_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     for (i, (&id, &v)) in want_ids.iter().zip(&want_vals).enumerate() {
         let got = last[id as usize] as f64;
-        assert!((got - v).abs() < 0.35, "rank {i} token {id}: {got} vs transformers {v}");
+        assert!(
+            (got - v).abs() < 0.35,
+            "rank {i} token {id}: {got} vs transformers {v}"
+        );
     }
     assert_eq!(order[0] as u32, want_ids[0], "top-1 token");
     let top5: Vec<u32> = order[..5].iter().map(|&i| i as u32).collect();
     assert_eq!(top5, want_ids[..5].to_vec(), "top-5 order");
 
     // Greedy: the first 16 tokens identical to transformers, and the answer names Paris.
-    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: 16, stop: vec![] };
-    let g = s.generate(&gpu, &prompt, &opts, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let opts = GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_tokens: 16,
+        stop: vec![],
+    };
+    let g = s
+        .generate(&gpu, &prompt, &opts, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
     let want = ids(&r["greedy16"]);
-    let n = want.iter().position(|t| s.eos.contains(t)).unwrap_or(want.len());
+    let n = want
+        .iter()
+        .position(|t| s.eos.contains(t))
+        .unwrap_or(want.len());
     assert_eq!(g.tokens, want[..n].to_vec(), "greedy tokens: {:?}", g.text);
     assert!(g.text.contains("Paris"), "{}", g.text);
 }

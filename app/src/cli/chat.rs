@@ -29,7 +29,10 @@ pub fn run(options: &GpuOptions, args: &ChatArgs) -> Result<()> {
     let mut system = args.system.clone();
     let mut history: Vec<Message> = Vec::new();
     let opts = args.sampling.options();
-    eprintln!("chatting with {} (/reset, /system TEXT, /quit)", args.model.display());
+    eprintln!(
+        "chatting with {} (/reset, /system TEXT, /quit)",
+        args.model.display()
+    );
     let stdin = std::io::stdin();
     loop {
         print!("> ");

@@ -99,12 +99,18 @@ pub fn run(options: &GpuOptions, args: &GenerateArgs) -> Result<()> {
     let prompt = session.tokenizer.encode(&text, args.raw)?;
     let cancel = AtomicBool::new(false);
     let json = args.json;
-    let g = session.generate(&gpu, &prompt, &args.sampling.options(), &cancel, &mut |piece| {
-        if !json {
-            print!("{piece}");
-            let _ = std::io::stdout().flush();
-        }
-    })?;
+    let g = session.generate(
+        &gpu,
+        &prompt,
+        &args.sampling.options(),
+        &cancel,
+        &mut |piece| {
+            if !json {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
+            }
+        },
+    )?;
     if json {
         println!("{}", serde_json::to_string_pretty(&g)?);
     } else {

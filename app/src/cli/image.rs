@@ -54,9 +54,19 @@ pub fn run(options: &GpuOptions, a: &ImageArgs) -> Result<()> {
         anyhow::bail!("--strength must be between 0 and 1");
     }
     let mut pipe = SdPipeline::open(&gpu, &a.model, a.width, a.height)?;
-    let init = a.init.as_deref().map(load_png).transpose()?.map(|img| (img, a.strength));
+    let init = a
+        .init
+        .as_deref()
+        .map(load_png)
+        .transpose()?
+        .map(|img| (img, a.strength));
     let latents = match &a.latents {
-        Some(p) => Some(SafetensorsSet::open(p)?.get("latents").context("--latents file")?.to_f32()?),
+        Some(p) => Some(
+            SafetensorsSet::open(p)?
+                .get("latents")
+                .context("--latents file")?
+                .to_f32()?,
+        ),
         None => None,
     };
     let req = ImageRequest {

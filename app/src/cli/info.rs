@@ -30,20 +30,54 @@ pub fn run(options: &GpuOptions, args: &InfoArgs) -> Result<()> {
     println!("  f16 storage/arithmetic            {}", yes(c.f16));
     println!(
         "  subgroup reductions               {}",
-        if c.subgroup { format!("yes (size {}..{})", c.subgroup_min_size, c.subgroup_max_size) } else { "no".into() }
+        if c.subgroup {
+            format!(
+                "yes (size {}..{})",
+                c.subgroup_min_size, c.subgroup_max_size
+            )
+        } else {
+            "no".into()
+        }
     );
-    println!("  cooperative matrix 16x16 f16/f32  {}", yes(c.coop_16x16_f16_f32));
+    println!(
+        "  cooperative matrix 16x16 f16/f32  {}",
+        yes(c.coop_16x16_f16_f32)
+    );
     println!(
         "  GPU timestamps                    {}",
-        if c.timestamps_inside_passes { "inside passes" } else if c.timestamps { "per pass" } else { "no (CPU timing)" }
+        if c.timestamps_inside_passes {
+            "inside passes"
+        } else if c.timestamps {
+            "per pass"
+        } else {
+            "no (CPU timing)"
+        }
     );
     println!("limits:");
-    println!("  max buffer size                   {}", mib(c.max_buffer_size));
-    println!("  max storage binding               {}", mib(c.max_storage_binding));
-    println!("  storage buffers per stage         {}", c.max_storage_buffers_per_stage);
-    println!("  workgroup memory                  {} KiB", c.max_workgroup_storage / 1024);
-    println!("  invocations per workgroup         {}", c.max_invocations_per_workgroup);
-    println!("  workgroups per dimension          {}", c.max_workgroups_per_dimension);
+    println!(
+        "  max buffer size                   {}",
+        mib(c.max_buffer_size)
+    );
+    println!(
+        "  max storage binding               {}",
+        mib(c.max_storage_binding)
+    );
+    println!(
+        "  storage buffers per stage         {}",
+        c.max_storage_buffers_per_stage
+    );
+    println!(
+        "  workgroup memory                  {} KiB",
+        c.max_workgroup_storage / 1024
+    );
+    println!(
+        "  invocations per workgroup         {}",
+        c.max_invocations_per_workgroup
+    );
+    println!(
+        "  workgroups per dimension          {}",
+        c.max_workgroups_per_dimension
+    );
     Ok(())
 }
 

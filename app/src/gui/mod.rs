@@ -12,7 +12,11 @@ pub fn run() -> Result<()> {
     setup.device_descriptor = Arc::new(|adapter| {
         let mut desc = drift_engine::gpu::device_descriptor(adapter);
         // The UI needs textures for the surface on 4K+ screens too.
-        desc.required_limits.max_texture_dimension_2d = desc.required_limits.max_texture_dimension_2d.max(8192).min(adapter.limits().max_texture_dimension_2d);
+        desc.required_limits.max_texture_dimension_2d = desc
+            .required_limits
+            .max_texture_dimension_2d
+            .max(8192)
+            .min(adapter.limits().max_texture_dimension_2d);
         desc
     });
     let options = eframe::NativeOptions {
@@ -67,7 +71,11 @@ impl DriftApp {
             let msg = match drift_engine::selftest::run_all(&gpu, &mut rng) {
                 Ok(checks) => {
                     let failed: Vec<_> = checks.iter().filter(|c| !c.passed).collect();
-                    let mut m = format!("{} checks, {} failed (seed {seed})", checks.len(), failed.len());
+                    let mut m = format!(
+                        "{} checks, {} failed (seed {seed})",
+                        checks.len(),
+                        failed.len()
+                    );
                     for c in failed.iter().take(5) {
                         m.push_str(&format!("\n{c}"));
                     }
@@ -93,7 +101,10 @@ impl eframe::App for DriftApp {
         let d = self.gpu.describe();
         egui::CentralPanel::default().show(ui, |ui| {
             ui.heading("Drift");
-            ui.label(format!("GPU: {} ({}, {})", d.name, d.backend, d.device_type));
+            ui.label(format!(
+                "GPU: {} ({}, {})",
+                d.name, d.backend, d.device_type
+            ));
             ui.separator();
             egui::Grid::new("features").striped(true).show(ui, |ui| {
                 for f in &d.features {
@@ -104,17 +115,27 @@ impl eframe::App for DriftApp {
             });
             ui.separator();
             let m = self.gpu.memory_report();
-            ui.label(format!("GPU memory used by Drift: {:.1} MiB", m.total_bytes as f64 / 1048576.0));
+            ui.label(format!(
+                "GPU memory used by Drift: {:.1} MiB",
+                m.total_bytes as f64 / 1048576.0
+            ));
             egui::Grid::new("memory").show(ui, |ui| {
                 for c in &m.categories {
                     ui.label(c.name);
-                    ui.label(format!("{:.1} MiB (peak {:.1})", c.bytes as f64 / 1048576.0, c.peak_bytes as f64 / 1048576.0));
+                    ui.label(format!(
+                        "{:.1} MiB (peak {:.1})",
+                        c.bytes as f64 / 1048576.0,
+                        c.peak_bytes as f64 / 1048576.0
+                    ));
                     ui.end_row();
                 }
             });
             ui.separator();
             let running = self.selftest.is_some();
-            if ui.add_enabled(!running, egui::Button::new("Run kernel self-test")).clicked() {
+            if ui
+                .add_enabled(!running, egui::Button::new("Run kernel self-test"))
+                .clicked()
+            {
                 self.start_selftest(ui.ctx());
             }
             if running {

@@ -46,7 +46,10 @@ impl Parameters {
 pub fn to_rgb(chw: &[f32], width: usize, height: usize) -> Result<RgbImage> {
     let n = width * height;
     if chw.len() != 3 * n {
-        return Err(DriftError::Other(format!("{} values for a {width}x{height} RGB image", chw.len())));
+        return Err(DriftError::Other(format!(
+            "{} values for a {width}x{height} RGB image",
+            chw.len()
+        )));
     }
     let mut pixels = Vec::with_capacity(3 * n);
     for i in 0..n {
@@ -55,7 +58,11 @@ pub fn to_rgb(chw: &[f32], width: usize, height: usize) -> Result<RgbImage> {
             pixels.push((v.clamp(0.0, 1.0) * 255.0).round() as u8);
         }
     }
-    Ok(RgbImage { width, height, pixels })
+    Ok(RgbImage {
+        width,
+        height,
+        pixels,
+    })
 }
 
 /// RGB bytes to `[3, H, W]` in [-1, 1] (img2img input).
@@ -73,17 +80,29 @@ pub fn from_rgb(img: &RgbImage) -> Vec<f32> {
 /// A preview straight from SD 1.x latents `[4, h, w]` by a fixed linear map (no VAE): each latent
 /// channel's contribution to R, G, B. One pixel per latent, so an 8x smaller image.
 pub fn latent_preview(latents: &[f32], w: usize, h: usize) -> RgbImage {
-    const MAP: [[f32; 3]; 4] =
-        [[0.298, 0.207, 0.208], [0.187, 0.286, 0.173], [-0.158, 0.189, 0.264], [-0.184, -0.271, -0.473]];
+    const MAP: [[f32; 3]; 4] = [
+        [0.298, 0.207, 0.208],
+        [0.187, 0.286, 0.173],
+        [-0.158, 0.189, 0.264],
+        [-0.184, -0.271, -0.473],
+    ];
     let n = w * h;
     let mut pixels = Vec::with_capacity(3 * n);
     for i in 0..n {
-        for c in 0..3 {
-            let v: f32 = (0..4).map(|k| latents.get(k * n + i).copied().unwrap_or(0.0) * MAP[k][c]).sum();
-            pixels.push((((v + 1.0) * 0.5).clamp(0.0, 1.0) * 255.0) as u8);
+        let mut rgb = [0.0f32; 3];
+        for (k, weights) in MAP.iter().enumerate() {
+            let l = latents.get(k * n + i).copied().unwrap_or(0.0);
+            for (acc, w) in rgb.iter_mut().zip(weights) {
+                *acc += l * w;
+            }
         }
+        pixels.extend(rgb.map(|v| (((v + 1.0) * 0.5).clamp(0.0, 1.0) * 255.0) as u8));
     }
-    RgbImage { width: w, height: h, pixels }
+    RgbImage {
+        width: w,
+        height: h,
+        pixels,
+    }
 }
 
 /// Writes a PNG with the `parameters` text chunk, atomically (temp file, then rename).
@@ -92,15 +111,24 @@ pub fn save_png(path: &Path, img: &RgbImage, params: Option<&Parameters>) -> Res
     let tmp = path.with_extension("png.part");
     {
         let file = std::fs::File::create(&tmp).map_err(io)?;
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), img.width as u32, img.height as u32);
+        let mut enc = png::Encoder::new(
+            std::io::BufWriter::new(file),
+            img.width as u32,
+            img.height as u32,
+        );
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         if let Some(p) = params {
-            enc.add_itxt_chunk("parameters".into(), p.to_a1111()).map_err(|e| DriftError::Other(e.to_string()))?;
+            enc.add_itxt_chunk("parameters".into(), p.to_a1111())
+                .map_err(|e| DriftError::Other(e.to_string()))?;
         }
-        let mut w = enc.write_header().map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
-        w.write_image_data(&img.pixels).map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
-        w.finish().map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
+        let mut w = enc
+            .write_header()
+            .map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
+        w.write_image_data(&img.pixels)
+            .map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
+        w.finish()
+            .map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
     }
     std::fs::rename(&tmp, path).map_err(io)?;
     Ok(())
@@ -113,8 +141,15 @@ pub fn load_png(path: &Path) -> Result<RgbImage> {
     let mut dec = png::Decoder::new(std::io::BufReader::new(file));
     dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = dec.read_info().map_err(|e| err(e.to_string()))?;
-    let mut buf = vec![0; reader.output_buffer_size().ok_or_else(|| err("image too large".into()))?];
-    let info = reader.next_frame(&mut buf).map_err(|e| err(e.to_string()))?;
+    let mut buf = vec![
+        0;
+        reader
+            .output_buffer_size()
+            .ok_or_else(|| err("image too large".into()))?
+    ];
+    let info = reader
+        .next_frame(&mut buf)
+        .map_err(|e| err(e.to_string()))?;
     let (w, h) = (info.width as usize, info.height as usize);
     let ch = info.color_type.samples();
     let mut pixels = Vec::with_capacity(3 * w * h);
@@ -124,18 +159,31 @@ pub fn load_png(path: &Path) -> Result<RgbImage> {
             _ => pixels.extend(&px[..3]),
         }
     }
-    Ok(RgbImage { width: w, height: h, pixels })
+    Ok(RgbImage {
+        width: w,
+        height: h,
+        pixels,
+    })
 }
 
 /// The `parameters` text of a PNG written by Drift or AUTOMATIC1111, if any.
 pub fn read_parameters(path: &Path) -> Result<Option<String>> {
-    let file = std::fs::File::open(path).map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
     let reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()
         .map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))?;
     let info = reader.info();
-    let itxt = info.utf8_text.iter().find(|c| c.keyword == "parameters").and_then(|c| c.get_text().ok());
-    let text = info.uncompressed_latin1_text.iter().find(|c| c.keyword == "parameters").map(|c| c.text.clone());
+    let itxt = info
+        .utf8_text
+        .iter()
+        .find(|c| c.keyword == "parameters")
+        .and_then(|c| c.get_text().ok());
+    let text = info
+        .uncompressed_latin1_text
+        .iter()
+        .find(|c| c.keyword == "parameters")
+        .map(|c| c.text.clone());
     Ok(itxt.or(text))
 }
 
@@ -145,7 +193,11 @@ mod tests {
 
     #[test]
     fn png_round_trip_keeps_pixels_and_parameters() {
-        let img = RgbImage { width: 3, height: 2, pixels: (0..18).map(|i| i * 13).collect() };
+        let img = RgbImage {
+            width: 3,
+            height: 2,
+            pixels: (0..18).map(|i| i * 13).collect(),
+        };
         let p = Parameters {
             prompt: "a red fox, (masterpiece:1.2)".into(),
             negative: "blurry".into(),
@@ -171,7 +223,11 @@ mod tests {
 
     #[test]
     fn rgb_conversions_invert() {
-        let img = RgbImage { width: 2, height: 1, pixels: vec![0, 127, 255, 10, 20, 30] };
+        let img = RgbImage {
+            width: 2,
+            height: 1,
+            pixels: vec![0, 127, 255, 10, 20, 30],
+        };
         let back = to_rgb(&from_rgb(&img), 2, 1).unwrap();
         assert_eq!(back.pixels, img.pixels);
     }

@@ -88,22 +88,39 @@ impl SdPipeline {
         let clip = clip_model.build(
             gpu,
             2,
-            &ClipRunOptions { clip_skip: 0, seq_len: None, out_dtype: Some(DType::F32) },
+            &ClipRunOptions {
+                clip_skip: 0,
+                seq_len: None,
+                out_dtype: Some(DType::F32),
+            },
         )?;
         let vae_cfg = VaeConfig::from_json(&read(&dir.join("vae/config.json"))?)?;
         let vae_source = SdWeightSource::diffusers(&dir.join("vae"), true)?;
         let f = vae_cfg.downscale();
         if !width.is_multiple_of(f) || !height.is_multiple_of(f) {
-            return Err(DriftError::Other(format!("image size {width}x{height} must be a multiple of {f}")));
+            return Err(DriftError::Other(format!(
+                "image size {width}x{height} must be a multiple of {f}"
+            )));
         }
         let unet_cfg = UnetConfig::from_json(&read(&dir.join("unet/config.json"))?)?;
         let unet_src = SdWeightSource::diffusers(&dir.join("unet"), true)?;
         let ctx_len = clip_model.cfg.max_positions;
-        let unet = Unet::new(gpu, unet_cfg, &unet_src, 2, height / f, width / f, ctx_len, dtype)?;
+        let unet = Unet::new(
+            gpu,
+            unet_cfg,
+            &unet_src,
+            2,
+            height / f,
+            width / f,
+            ctx_len,
+            dtype,
+        )?;
         let decoder = VaeNet::decoder(gpu, &vae_cfg, &vae_source, 1, height / f, width / f, dtype)?;
         let scheduler_config = SchedulerConfig::load(dir.join("scheduler/scheduler_config.json"))?;
         Ok(SdPipeline {
-            name: dir.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned()),
+            name: dir
+                .file_name()
+                .map_or("model".into(), |n| n.to_string_lossy().into_owned()),
             width,
             height,
             tokenizer,
@@ -121,7 +138,11 @@ impl SdPipeline {
 
     fn latent_dims(&self) -> (usize, usize, usize) {
         let f = self.vae_cfg.downscale();
-        (self.vae_cfg.latent_channels, self.height / f, self.width / f)
+        (
+            self.vae_cfg.latent_channels,
+            self.height / f,
+            self.width / f,
+        )
     }
 
     /// Generates one image. `progress(step, steps, preview)` is called after every step; returning
@@ -149,7 +170,12 @@ impl SdPipeline {
         let noise = Noise::new(req.seed);
         let initial = match &req.latents {
             Some(l) if l.len() == n => l.clone(),
-            Some(l) => return Err(DriftError::Other(format!("--latents holds {} values, {n} expected", l.len()))),
+            Some(l) => {
+                return Err(DriftError::Other(format!(
+                    "--latents holds {} values, {n} expected",
+                    l.len()
+                )));
+            }
             None => noise.latents(n),
         };
         let (mut latents, start) = match &req.init {
@@ -171,8 +197,15 @@ impl SdPipeline {
                         self.dtype,
                     )?);
                 }
-                let moments = self.encoder.as_ref().expect("built above").run(gpu, &from_rgb(img))?;
-                let clean: Vec<f32> = moments_mean(&moments, 1).iter().map(|v| v * self.vae_cfg.scaling_factor).collect();
+                let moments = self
+                    .encoder
+                    .as_ref()
+                    .expect("built above")
+                    .run(gpu, &from_rgb(img))?;
+                let clean: Vec<f32> = moments_mean(&moments, 1)
+                    .iter()
+                    .map(|v| v * self.vae_cfg.scaling_factor)
+                    .collect();
                 let start = sched.start_step(*strength as f64);
                 (sched.add_noise(start, &clean, &initial)?, start)
             }
@@ -191,7 +224,9 @@ impl SdPipeline {
             }
             let t = sched.timesteps()[step] as f32;
             let eps = self.unet.forward(gpu, &unet_in, t, &enc)?;
-            let guided: Vec<f32> = (0..n).map(|i| eps[i] + req.cfg * (eps[n + i] - eps[i])).collect();
+            let guided: Vec<f32> = (0..n)
+                .map(|i| eps[i] + req.cfg * (eps[n + i] - eps[i]))
+                .collect();
             let step_noise = sched.needs_noise(step).then(|| noise.step(step, n));
             latents = sched.step(step, &guided, &latents, step_noise.as_deref())?;
             if !progress(step + 1, req.steps, &latent_preview(&latents, w, h)) {
@@ -201,7 +236,10 @@ impl SdPipeline {
         let steps_run = (req.steps - start).max(1);
         let unet_ms = t1.elapsed().as_secs_f64() * 1e3 / steps_run as f64;
         let t2 = Instant::now();
-        let z: Vec<f32> = latents.iter().map(|v| v / self.vae_cfg.scaling_factor).collect();
+        let z: Vec<f32> = latents
+            .iter()
+            .map(|v| v / self.vae_cfg.scaling_factor)
+            .collect();
         let rgb = self.decoder.run(gpu, &z)?;
         let image = to_rgb(&rgb, self.width, self.height)?;
         let vae_ms = t2.elapsed().as_secs_f64() * 1e3;

@@ -52,8 +52,12 @@ impl SafetensorsSet {
         // SAFETY: the map is read-only; a file truncated underneath us is the one hazard, as in every
         // mmap-based loader, and the header offsets are validated against the length we mapped.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io(path, e))?;
-        let (header_len, meta) = SafeTensors::read_metadata(&map)
-            .map_err(|e| DriftError::Other(format!("{}: not a valid safetensors file: {e}", path.display())))?;
+        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+            DriftError::Other(format!(
+                "{}: not a valid safetensors file: {e}",
+                path.display()
+            ))
+        })?;
         let data_start = 8 + header_len;
         let index = self.maps.len();
         for (name, info) in meta.tensors() {
@@ -89,22 +93,27 @@ impl SafetensorsSet {
     }
 
     pub fn get(&self, name: &str) -> Result<RawTensor<'_>> {
-        let (key, e) = self
-            .entries
-            .get_key_value(name)
-            .ok_or_else(|| DriftError::Other(format!("the model files have no tensor named {name}")))?;
+        let (key, e) = self.entries.get_key_value(name).ok_or_else(|| {
+            DriftError::Other(format!("the model files have no tensor named {name}"))
+        })?;
         let dtype = match e.dtype {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
             other => {
-                return Err(DriftError::Unsupported(format!("tensor {name} has dtype {other:?}")));
+                return Err(DriftError::Unsupported(format!(
+                    "tensor {name} has dtype {other:?}"
+                )));
             }
         };
         let bytes = &self.maps[e.file].1[e.start..e.end];
         let n: usize = e.shape.iter().product();
         if bytes.len() as u64 != dtype.bytes_for(n)? {
-            return Err(DriftError::Other(format!("tensor {name}: {} bytes for shape {:?}", bytes.len(), e.shape)));
+            return Err(DriftError::Other(format!(
+                "tensor {name}: {} bytes for shape {:?}",
+                bytes.len(),
+                e.shape
+            )));
         }
         Ok(RawTensor {
             name: key,
@@ -130,7 +139,10 @@ fn resolve_files(path: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![path.to_path_buf()]);
     }
     if !path.is_dir() {
-        return Err(DriftError::Other(format!("{} does not exist", path.display())));
+        return Err(DriftError::Other(format!(
+            "{} does not exist",
+            path.display()
+        )));
     }
     let index = path.join("model.safetensors.index.json");
     if index.is_file() {
@@ -143,7 +155,10 @@ fn resolve_files(path: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(DriftError::Other(format!("no .safetensors files in {}", path.display())));
+        return Err(DriftError::Other(format!(
+            "no .safetensors files in {}",
+            path.display()
+        )));
     }
     Ok(files)
 }
@@ -156,7 +171,11 @@ fn index_files(index: &Path) -> Result<Vec<PathBuf>> {
         .as_object()
         .ok_or_else(|| DriftError::Other(format!("{} has no weight_map", index.display())))?;
     let dir = index.parent().unwrap_or(Path::new("."));
-    let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+    let mut files: Vec<PathBuf> = map
+        .values()
+        .filter_map(|f| f.as_str())
+        .map(|f| dir.join(f))
+        .collect();
     files.sort();
     files.dedup();
     for f in &files {

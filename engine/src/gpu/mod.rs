@@ -6,8 +6,8 @@ mod transfer;
 use std::sync::{Arc, Mutex};
 
 pub use caps::{Caps, wanted_features, wanted_limits};
-pub use transfer::{decode_f32, encode_f32};
 use serde::Serialize;
+pub use transfer::{decode_f32, encode_f32};
 
 use crate::error::{DriftError, Result};
 use crate::kernels::KernelCache;
@@ -66,8 +66,9 @@ impl Gpu {
                 "{e}. Install a Vulkan driver (on Linux without a GPU: apt-get install mesa-vulkan-drivers libvulkan1)"
             ))
         })?;
-        let (device, queue) = pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
-            .map_err(|e| DriftError::Device(e.to_string()))?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
+                .map_err(|e| DriftError::Device(e.to_string()))?;
         let mut gpu = Gpu::adopt(adapter, device, queue);
         if let Some(d) = &options.disable {
             gpu.caps = gpu.caps.without(d);
@@ -112,7 +113,12 @@ impl Gpu {
 
     /// Takes the last uncaptured GPU error, if any, as an error.
     pub fn take_error(&self) -> Result<()> {
-        match self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        match self
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             Some(e) => Err(DriftError::Gpu(e)),
             None => Ok(()),
         }
@@ -165,7 +171,8 @@ pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'sta
         label: Some("drift"),
         required_features: features,
         required_limits: wanted_limits(adapter),
-        experimental_features: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        experimental_features: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
             // SAFETY: cooperative-matrix kernels are only selected where the adapter reports the
             // 16x16 f16/f32 configuration, and they are verified against CPU references (`drift selftest`).
             unsafe { wgpu::ExperimentalFeatures::enabled() }

@@ -26,7 +26,10 @@ impl Gpu {
         let size = size.max(4).div_ceil(4) * 4;
         if size > self.caps.max_buffer_size {
             return Err(DriftError::OutOfMemory {
-                what: format!("{label} (over the device's {}-byte buffer limit)", self.caps.max_buffer_size),
+                what: format!(
+                    "{label} (over the device's {}-byte buffer limit)",
+                    self.caps.max_buffer_size
+                ),
                 bytes: size,
             });
         }
@@ -43,18 +46,32 @@ impl Gpu {
                 bytes: size,
             });
         }
-        Ok(Arc::new(GpuBuffer::new(buffer, category, self.memory().clone())))
+        Ok(Arc::new(GpuBuffer::new(
+            buffer,
+            category,
+            self.memory().clone(),
+        )))
     }
 
     /// An uninitialised tensor in its own buffer.
-    pub fn tensor(&self, label: &str, shape: &[usize], dtype: DType, category: Category) -> Result<Tensor> {
+    pub fn tensor(
+        &self,
+        label: &str,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<Tensor> {
         let len = dtype.bytes_for(shape.iter().product())?;
         let buffer = self.create_buffer(label, len, STORAGE_USAGE, category)?;
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
             layout: Layout::RowMajor,
-            storage: Storage { buffer, offset: 0, len },
+            storage: Storage {
+                buffer,
+                offset: 0,
+                len,
+            },
         })
     }
 
@@ -108,9 +125,13 @@ impl Gpu {
         let rows = shape[0];
         let row_bytes = dtype.bytes_for(shape[1..].iter().product())? as usize;
         if row_bytes * rows != bytes.len() {
-            return Err(shape_err!("{label}: {} bytes given for {shape:?} {dtype:?}", bytes.len()));
+            return Err(shape_err!(
+                "{label}: {} bytes given for {shape:?} {dtype:?}",
+                bytes.len()
+            ));
         }
-        let per = (max_buffer_bytes.min(self.caps.max_buffer_size) as usize / row_bytes.max(1)).max(1);
+        let per =
+            (max_buffer_bytes.min(self.caps.max_buffer_size) as usize / row_bytes.max(1)).max(1);
         let mut shards = Vec::new();
         let mut r = 0;
         while r < rows {
@@ -125,7 +146,10 @@ impl Gpu {
                 &bytes[r * row_bytes..e * row_bytes],
                 Category::Weights,
             )?;
-            shards.push(RowShard { row_start: r, tensor: t });
+            shards.push(RowShard {
+                row_start: r,
+                tensor: t,
+            });
             r = e;
         }
         Ok(shards)
@@ -133,19 +157,28 @@ impl Gpu {
 
     pub fn write_tensor_bytes(&self, t: &Tensor, bytes: &[u8]) -> Result<()> {
         if bytes.len() as u64 > t.storage.len {
-            return Err(shape_err!("{} bytes written into a {}-byte tensor", bytes.len(), t.storage.len));
+            return Err(shape_err!(
+                "{} bytes written into a {}-byte tensor",
+                bytes.len(),
+                t.storage.len
+            ));
         }
         // Queue writes move whole 4-byte words: the tail of an odd-length write is padded with zeros,
         // which stays inside the tensor's buffer (buffers are sized in whole words).
         if !t.storage.offset.is_multiple_of(4) {
-            return Err(shape_err!("unaligned tensor write at offset {}", t.storage.offset));
+            return Err(shape_err!(
+                "unaligned tensor write at offset {}",
+                t.storage.offset
+            ));
         }
         if bytes.len().is_multiple_of(4) {
-            self.queue.write_buffer(&t.storage.buffer.buffer, t.storage.offset, bytes);
+            self.queue
+                .write_buffer(&t.storage.buffer.buffer, t.storage.offset, bytes);
         } else {
             let mut padded = bytes.to_vec();
             padded.resize(bytes.len().div_ceil(4) * 4, 0);
-            self.queue.write_buffer(&t.storage.buffer.buffer, t.storage.offset, &padded);
+            self.queue
+                .write_buffer(&t.storage.buffer.buffer, t.storage.offset, &padded);
         }
         Ok(())
     }
@@ -170,7 +203,13 @@ impl Gpu {
             Category::Staging,
         )?;
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&t.storage.buffer.buffer, start, &staging.buffer, 0, end - start);
+        enc.copy_buffer_to_buffer(
+            &t.storage.buffer.buffer,
+            start,
+            &staging.buffer,
+            0,
+            end - start,
+        );
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
         staging.buffer.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -210,7 +249,11 @@ pub fn encode_f32(values: &[f32], dtype: DType) -> Result<Vec<u8>> {
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect(),
-        other => return Err(DriftError::Unsupported(format!("encoding f32 as {other:?}"))),
+        other => {
+            return Err(DriftError::Unsupported(format!(
+                "encoding f32 as {other:?}"
+            )));
+        }
     })
 }
 
@@ -233,6 +276,10 @@ pub fn decode_f32(bytes: &[u8], dtype: DType) -> Result<Vec<f32>> {
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        other => return Err(DriftError::Unsupported(format!("decoding {other:?} as f32"))),
+        other => {
+            return Err(DriftError::Unsupported(format!(
+                "decoding {other:?} as f32"
+            )));
+        }
     })
 }

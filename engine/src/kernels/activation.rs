@@ -36,7 +36,9 @@ impl UnaryOp {
         match self {
             UnaryOp::Scale(_) => "x * p.alpha",
             UnaryOp::Silu => "x / (1.0 + exp(-x))",
-            UnaryOp::GeluTanh => "0.5 * x * (1.0 + tanh_safe(0.7978845608 * (x + 0.044715 * x * x * x)))",
+            UnaryOp::GeluTanh => {
+                "0.5 * x * (1.0 + tanh_safe(0.7978845608 * (x + 0.044715 * x * x * x)))"
+            }
             UnaryOp::GeluErf => "0.5 * x * (1.0 + erf_approx(x * 0.7071067812))",
             UnaryOp::QuickGelu => "x / (1.0 + exp(-1.702 * x))",
         }
@@ -63,9 +65,13 @@ pub fn unary(gpu: &Gpu, op: UnaryOp, x: &Tensor, out: &Tensor) -> Result<Dispatc
         ));
     }
     let n = x.numel() as u32;
-    let spec = KernelSpec::new(format!("{}_{}", op.name(), x.dtype.wgsl()), shader!("activation.wgsl"), "unary")
-        .defines(float_defines(x.dtype))
-        .define("EXPR", op.expr());
+    let spec = KernelSpec::new(
+        format!("{}_{}", op.name(), x.dtype.wgsl()),
+        shader!("activation.wgsl"),
+        "unary",
+    )
+    .defines(float_defines(x.dtype))
+    .define("EXPR", op.expr());
     let kernel = gpu.kernel(&spec)?;
     gpu.dispatch(
         &kernel,
@@ -83,12 +89,22 @@ pub fn unary(gpu: &Gpu, op: UnaryOp, x: &Tensor, out: &Tensor) -> Result<Dispatc
 pub fn swiglu(gpu: &Gpu, gu: &Tensor, out: &Tensor) -> Result<Dispatch> {
     let inner = out.dim(-1);
     if gu.numel() != 2 * out.numel() || gu.dim(-1) != 2 * inner || gu.dtype != out.dtype {
-        return Err(shape_err!("swiglu: gate/up {:?} {:?} vs output {:?} {:?}", gu.shape, gu.dtype, out.shape, out.dtype));
+        return Err(shape_err!(
+            "swiglu: gate/up {:?} {:?} vs output {:?} {:?}",
+            gu.shape,
+            gu.dtype,
+            out.shape,
+            out.dtype
+        ));
     }
     let n = out.numel() as u32;
-    let spec = KernelSpec::new(format!("swiglu_{}", out.dtype.wgsl()), shader!("activation.wgsl"), "swiglu")
-        .defines(float_defines(out.dtype))
-        .define("EXPR", "x");
+    let spec = KernelSpec::new(
+        format!("swiglu_{}", out.dtype.wgsl()),
+        shader!("activation.wgsl"),
+        "swiglu",
+    )
+    .defines(float_defines(out.dtype))
+    .define("EXPR", "x");
     let kernel = gpu.kernel(&spec)?;
     gpu.dispatch(
         &kernel,

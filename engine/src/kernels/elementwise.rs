@@ -32,12 +32,20 @@ impl BinaryOp {
 /// The broadcast shape of `a` and `b` (right-aligned, each dimension equal or 1).
 pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let rank = a.len().max(b.len());
-    let at = |s: &[usize], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { 1 };
+    let at = |s: &[usize], i: usize| {
+        if i + s.len() >= rank {
+            s[i + s.len() - rank]
+        } else {
+            1
+        }
+    };
     (0..rank)
         .map(|i| match (at(a, i), at(b, i)) {
             (x, y) if x == y || y == 1 => Ok(x),
             (1, y) => Ok(y),
-            (x, y) => Err(shape_err!("cannot broadcast {a:?} with {b:?} (dimension {i}: {x} vs {y})")),
+            (x, y) => Err(shape_err!(
+                "cannot broadcast {a:?} with {b:?} (dimension {i}: {x} vs {y})"
+            )),
         })
         .collect()
 }
@@ -61,22 +69,38 @@ fn strides4(shape: &[usize], out: &[usize]) -> [u32; 4] {
 pub fn binary(gpu: &Gpu, op: BinaryOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<Dispatch> {
     let shape = broadcast_shape(&a.shape, &b.shape)?;
     if shape != out.shape {
-        return Err(shape_err!("{} of {:?} and {:?} gives {shape:?}, output is {:?}", op.name(), a.shape, b.shape, out.shape));
+        return Err(shape_err!(
+            "{} of {:?} and {:?} gives {shape:?}, output is {:?}",
+            op.name(),
+            a.shape,
+            b.shape,
+            out.shape
+        ));
     }
     if shape.len() > 4 {
         return Err(shape_err!("broadcasting supports rank <= 4, got {shape:?}"));
     }
     if a.dtype != out.dtype || b.dtype != out.dtype {
-        return Err(shape_err!("{}: dtypes differ ({:?}, {:?}, {:?})", op.name(), a.dtype, b.dtype, out.dtype));
+        return Err(shape_err!(
+            "{}: dtypes differ ({:?}, {:?}, {:?})",
+            op.name(),
+            a.dtype,
+            b.dtype,
+            out.dtype
+        ));
     }
     let mut shape4 = [1u32; 4];
     for (k, &d) in shape.iter().rev().enumerate() {
         shape4[3 - k] = d as u32;
     }
     let n = out.numel() as u32;
-    let spec = KernelSpec::new(format!("{}_{}", op.name(), out.dtype.wgsl()), shader!("elementwise.wgsl"), "binary")
-        .defines(float_defines(out.dtype))
-        .define("OP", op.expr());
+    let spec = KernelSpec::new(
+        format!("{}_{}", op.name(), out.dtype.wgsl()),
+        shader!("elementwise.wgsl"),
+        "binary",
+    )
+    .defines(float_defines(out.dtype))
+    .define("OP", op.expr());
     let kernel = gpu.kernel(&spec)?;
     let mut params = vec![n, 0, 0, 0];
     params.extend(shape4);

@@ -4,7 +4,12 @@
 use crate::error::{DriftError, Result};
 
 pub fn preprocess(source: &str, defines: &[(&str, String)]) -> Result<String> {
-    let lookup = |name: &str| defines.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str());
+    let lookup = |name: &str| {
+        defines
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    };
     let truthy = |name: &str| lookup(name).is_some_and(|v| v != "0" && v != "false");
     let mut out = String::with_capacity(source.len());
     // Stack of (this block active, any branch taken) for nested #if.
@@ -19,7 +24,9 @@ pub fn preprocess(source: &str, defines: &[(&str, String)]) -> Result<String> {
             let v = truthy(name.trim());
             stack.push((v, v));
         } else if t.starts_with("#else") {
-            let top = stack.last_mut().ok_or_else(|| err(n, "#else without #if"))?;
+            let top = stack
+                .last_mut()
+                .ok_or_else(|| err(n, "#else without #if"))?;
             *top = (!top.1, true);
         } else if t.starts_with("#endif") {
             stack.pop().ok_or_else(|| err(n, "#endif without #if"))?;
@@ -34,7 +41,10 @@ pub fn preprocess(source: &str, defines: &[(&str, String)]) -> Result<String> {
     Ok(out)
 }
 
-fn substitute<'a>(line: &str, lookup: &impl Fn(&str) -> Option<&'a str>) -> std::result::Result<String, String> {
+fn substitute<'a>(
+    line: &str,
+    lookup: &impl Fn(&str) -> Option<&'a str>,
+) -> std::result::Result<String, String> {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(i) = rest.find("{{") {
@@ -64,7 +74,11 @@ mod tests {
         let src = "a {{T}}\n#if F16\nenable f16;\n#else\nno\n#endif\n#ifnot SG\nplain\n#endif\n";
         let out = preprocess(src, &[("T", "f16".into()), ("F16", "1".into())]).unwrap();
         assert_eq!(out, "a f16\nenable f16;\nplain\n");
-        let out = preprocess(src, &[("T", "f32".into()), ("F16", "0".into()), ("SG", "1".into())]).unwrap();
+        let out = preprocess(
+            src,
+            &[("T", "f32".into()), ("F16", "0".into()), ("SG", "1".into())],
+        )
+        .unwrap();
         assert_eq!(out, "a f32\nno\n");
     }
 

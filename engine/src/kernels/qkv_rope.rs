@@ -65,10 +65,17 @@ pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
             a.hkv
         ));
     }
-    if a.step.dtype != DType::U32 || a.inv_freq.dtype != DType::F32 || a.k_cache.dtype != a.v_cache.dtype {
-        return Err(shape_err!("qkv_rope: step must be u32, inv_freq f32, caches of one dtype"));
+    if a.step.dtype != DType::U32
+        || a.inv_freq.dtype != DType::F32
+        || a.k_cache.dtype != a.v_cache.dtype
+    {
+        return Err(shape_err!(
+            "qkv_rope: step must be u32, inv_freq f32, caches of one dtype"
+        ));
     }
-    let f16 = [a.qkv, a.q_out, a.k_cache].iter().any(|x| x.dtype == DType::F16);
+    let f16 = [a.qkv, a.q_out, a.k_cache]
+        .iter()
+        .any(|x| x.dtype == DType::F16);
     let spec = KernelSpec::new(
         format!("qkv_rope_{}", a.k_cache.dtype.wgsl()),
         shader!("qkv_rope.wgsl"),
@@ -86,7 +93,14 @@ pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
         + 2 * t * a.hkv * d * a.k_cache.elem_bytes() as usize) as f64;
     gpu.dispatch(
         &kernel,
-        &[t as u32, a.hq as u32, a.hkv as u32, d as u32, rot as u32, max_ctx as u32],
+        &[
+            t as u32,
+            a.hq as u32,
+            a.hkv as u32,
+            d as u32,
+            rot as u32,
+            max_ctx as u32,
+        ],
         &[a.qkv, a.q_out, a.k_cache, a.v_cache, a.step, a.inv_freq],
         grid(threads.div_ceil(64), gpu.caps.max_workgroups_per_dimension),
         Cost {

@@ -26,6 +26,10 @@ const DEQUANT_SRC: &str = shader!("dequant.wgsl");
 /// Teams (row groups) per workgroup, fixed in `shaders/matvec_quant.wgsl`.
 const TEAMS: usize = 8;
 
+/// Largest weight binding: the kernels address its bytes with u32 (Vulkan bindings are below 4 GiB
+/// anyway).
+const MAX_SHARD_BYTES: u64 = (1 << 32) - 4;
+
 /// The block types these kernels read.
 pub const QUANT_TYPES: [DType; 8] = [
     DType::Q8_0,
@@ -68,7 +72,9 @@ fn has_min(dtype: DType) -> bool {
 pub struct QuantTuning {
     /// Weight rows per team (1 or 2): a lane's rows share its x loads.
     pub rows_per_team: u32,
-    /// 32-element chunks per row a lane loads before computing (1 or 2).
+    /// 32-element chunks per row a lane loads (as raw words) before decoding any: 1, 2 or 4, or 0 for
+    /// the default (4 for the 32-element block types, 2 for the K-quants, whose chunks take 14 to 23
+    /// words of registers; 1 on CPU devices).
     pub chunks_per_step: u32,
     /// Compile without runtime bounds checks ([`KernelSpec::trusted`]): every index the kernels form
     /// is in range for the shapes the builders validate (the decoders never read past a field's last
@@ -80,8 +86,9 @@ impl Default for QuantTuning {
     fn default() -> Self {
         QuantTuning {
             rows_per_team: 1,
-            chunks_per_step: 2,
-            trusted: true,
+            chunks_per_step: 0,
+            // Checked until the unchecked build is measured and verified on NVIDIA hardware.
+            trusted: false,
         }
     }
 }
@@ -91,11 +98,11 @@ impl Default for QuantTuning {
 /// row boundary may start mid-word, which [`Tensor::binding`] cannot bind as the block dtype).
 fn word_view(t: &Tensor) -> Result<(Tensor, u32)> {
     let off = t.storage.offset;
-    if off % 2 != 0 {
+    if !off.is_multiple_of(2) {
         return Err(shape_err!("quantized tensor at odd byte offset {off}"));
     }
     let start = off / 4 * 4;
-    let len = (off - start + t.storage.len).div_ceil(4) * 4;
+    let len = ((off - start + t.storage.len).div_ceil(4) * 4).min(t.storage.buffer.size() - start);
     let view = Tensor {
         shape: vec![(len / 4) as usize],
         dtype: DType::U32,
@@ -126,7 +133,7 @@ fn check_weight(what: &str, w: &Tensor) -> Result<(usize, usize)> {
         ));
     }
     let k = w.dim(-1);
-    if k == 0 || k % w.dtype.block_elems() != 0 {
+    if k == 0 || !k.is_multiple_of(w.dtype.block_elems()) {
         return Err(shape_err!(
             "{what}: rows of {k} values are not whole {:?} blocks of {}",
             w.dtype,
@@ -168,10 +175,12 @@ pub fn matvec_quant_tuned(
             w.shape
         ));
     }
+    // Kernels form byte offsets in u32.
     let limit = opts
         .max_shard_bytes
         .unwrap_or(gpu.caps.max_storage_binding)
-        .min(gpu.caps.max_storage_binding);
+        .min(gpu.caps.max_storage_binding)
+        .min(MAX_SHARD_BYTES);
     let shards = if word_view(w)?.0.binding(limit).is_ok() {
         vec![RowShard {
             row_start: 0,
@@ -263,11 +272,19 @@ pub fn matvec_quant_shards_tuned(
             b.dtype
         ));
     }
-    if !(1..=2).contains(&tuning.rows_per_team) || !(1..=2).contains(&tuning.chunks_per_step) {
+    if !(1..=2).contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step) {
         return Err(shape_err!(
-            "matvec_quant: tuning {tuning:?} out of range (1 or 2 each)"
+            "matvec_quant: tuning {tuning:?} out of range (rows 1 or 2, chunks 0, 1, 2 or 4)"
         ));
     }
+    // Chunks in flight hide memory latency on GPUs; a CPU device (lavapipe) gains nothing from them
+    // but compile time.
+    let u = match tuning.chunks_per_step {
+        0 if gpu.info.device_type == wgpu::DeviceType::Cpu => 1,
+        0 if dtype.block_elems() == 32 => 4,
+        0 => 2,
+        u => u,
+    };
     let caps = &gpu.caps;
     let f16 = x.dtype == DType::F16
         || out.dtype == DType::F16
@@ -296,12 +313,19 @@ pub fn matvec_quant_shards_tuned(
     };
     let r = tuning.rows_per_team as usize;
     let bx = x.binding(caps.max_storage_binding)?.base_elems;
-    let xvec = bx % 4 == 0;
+    let xvec = bx.is_multiple_of(4);
     let row_bytes = dtype.bytes_for(k)?;
     let mut ds = Vec::with_capacity(shards.len());
     for sh in shards {
         let (wv, wbyte) = word_view(&sh.tensor)?;
-        let aligned = wbyte == 0 && row_bytes % 4 == 0 && dtype.block_bytes() % 4 == 0;
+        if wv.storage.len > MAX_SHARD_BYTES {
+            return Err(shape_err!(
+                "matvec_quant: a {}-byte weight shard is over {MAX_SHARD_BYTES} bytes",
+                wv.storage.len
+            ));
+        }
+        let aligned =
+            wbyte == 0 && row_bytes.is_multiple_of(4) && dtype.block_bytes().is_multiple_of(4);
         let name = format!(
             "matvec_{}_{}{}{}{}",
             type_define(dtype).to_lowercase(),
@@ -327,7 +351,8 @@ pub fn matvec_quant_shards_tuned(
             .define("F16", u8::from(f16))
             .define("NB", batch)
             .define("R", r)
-            .define("U", tuning.chunks_per_step)
+            .define("U", u)
+            .define("UREM", u8::from(u > 1))
             .define("WG", wg)
             .define("XVEC", u8::from(xvec))
             .define("SG", u8::from(sg))
@@ -391,16 +416,23 @@ pub fn dequantize(gpu: &Gpu, w: &Tensor, out: &Tensor) -> Result<Dispatch> {
     }
     let caps = &gpu.caps;
     let (wv, wbyte) = word_view(w)?;
+    if wv.storage.len > MAX_SHARD_BYTES {
+        return Err(shape_err!(
+            "dequantize: {} bytes of weight in one dispatch (at most {MAX_SHARD_BYTES}): use row views",
+            wv.storage.len
+        ));
+    }
     let bo = out.binding(caps.max_storage_binding)?.base_elems;
     let out16 = out.dtype == DType::F16;
-    if out16 && bo % 2 != 0 {
+    if out16 && !bo.is_multiple_of(2) {
         return Err(shape_err!(
             "dequantize: an f16 output view must start at an even element"
         ));
     }
-    let ovec = bo % if out16 { 8 } else { 4 } == 0;
+    let ovec = bo.is_multiple_of(if out16 { 8 } else { 4 });
     let row_bytes = w.dtype.bytes_for(k)?;
-    let aligned = wbyte == 0 && row_bytes % 4 == 0 && w.dtype.block_bytes() % 4 == 0;
+    let aligned =
+        wbyte == 0 && row_bytes.is_multiple_of(4) && w.dtype.block_bytes().is_multiple_of(4);
     let name = format!(
         "dequantize_{}_{}",
         type_define(w.dtype).to_lowercase(),

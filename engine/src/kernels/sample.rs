@@ -10,13 +10,21 @@ use crate::{shader, shape_err};
 
 fn check(logits: &Tensor, step: &Tensor, history: &Tensor) -> Result<()> {
     if logits.dtype != DType::F32 || step.dtype != DType::U32 || history.dtype != DType::U32 {
-        return Err(shape_err!("sampling kernels take f32 logits and u32 step/history tensors"));
+        return Err(shape_err!(
+            "sampling kernels take f32 logits and u32 step/history tensors"
+        ));
     }
     Ok(())
 }
 
 /// `ids[0] = history[step[0]] = argmax(logits)`.
-pub fn argmax(gpu: &Gpu, logits: &Tensor, ids: &Tensor, history: &Tensor, step: &Tensor) -> Result<Dispatch> {
+pub fn argmax(
+    gpu: &Gpu,
+    logits: &Tensor,
+    ids: &Tensor,
+    history: &Tensor,
+    step: &Tensor,
+) -> Result<Dispatch> {
     check(logits, step, history)?;
     let kernel = gpu.kernel(&KernelSpec::new("argmax", shader!("sample.wgsl"), "argmax"))?;
     let v = logits.numel() as u32;
@@ -54,13 +62,23 @@ pub fn topk(
     check(logits, step, history)?;
     let v = logits.numel();
     if o.k == 0 || o.k > v || cand.numel() < 2 * o.k + 2 || cand.dtype != DType::U32 {
-        return Err(shape_err!("topk: k = {} over {v} logits into {:?}", o.k, cand.shape));
+        return Err(shape_err!(
+            "topk: k = {} over {v} logits into {:?}",
+            o.k,
+            cand.shape
+        ));
     }
     let kernel = gpu.kernel(&KernelSpec::new("topk", shader!("sample.wgsl"), "topk"))?;
     let inv_temp = 1.0 / o.temperature.max(1e-6);
     gpu.dispatch(
         &kernel,
-        &[v as u32, o.k as u32, o.repeat_window as u32, o.repeat_penalty.to_bits(), inv_temp.to_bits()],
+        &[
+            v as u32,
+            o.k as u32,
+            o.repeat_window as u32,
+            o.repeat_penalty.to_bits(),
+            inv_temp.to_bits(),
+        ],
         &[logits, cand, history, step],
         [1, 1, 1],
         Cost {

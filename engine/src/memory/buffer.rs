@@ -13,7 +13,11 @@ pub struct GpuBuffer {
 }
 
 impl GpuBuffer {
-    pub(crate) fn new(buffer: wgpu::Buffer, category: Category, tracker: Arc<MemoryTracker>) -> Self {
+    pub(crate) fn new(
+        buffer: wgpu::Buffer,
+        category: Category,
+        tracker: Arc<MemoryTracker>,
+    ) -> Self {
         let size = buffer.size();
         tracker.add(category, size);
         GpuBuffer {

@@ -34,7 +34,10 @@ pub struct ArenaPlan {
 /// Plans offsets aligned to `alignment` bytes (a power of two; storage-binding offsets need 256 on most
 /// devices).
 pub fn plan_greedy_by_size(tensors: &[Lifetime], alignment: u64) -> ArenaPlan {
-    assert!(alignment.is_power_of_two(), "alignment must be a power of two");
+    assert!(
+        alignment.is_power_of_two(),
+        "alignment must be a power of two"
+    );
     let aligned = |s: u64| s.div_ceil(alignment) * alignment;
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by(|&a, &b| {
@@ -85,8 +88,16 @@ mod tests {
     #[test]
     fn disjoint_lifetimes_share_memory() {
         let t = [
-            Lifetime { first: 0, last: 1, size: 1000 },
-            Lifetime { first: 2, last: 3, size: 1000 },
+            Lifetime {
+                first: 0,
+                last: 1,
+                size: 1000,
+            },
+            Lifetime {
+                first: 2,
+                last: 3,
+                size: 1000,
+            },
         ];
         let p = plan_greedy_by_size(&t, 256);
         assert_eq!(p.offsets, vec![0, 0]);
@@ -97,8 +108,16 @@ mod tests {
     #[test]
     fn overlapping_lifetimes_are_stacked() {
         let t = [
-            Lifetime { first: 0, last: 2, size: 512 },
-            Lifetime { first: 1, last: 3, size: 256 },
+            Lifetime {
+                first: 0,
+                last: 2,
+                size: 512,
+            },
+            Lifetime {
+                first: 1,
+                last: 3,
+                size: 256,
+            },
         ];
         let p = plan_greedy_by_size(&t, 256);
         assert_eq!(p.offsets, vec![0, 512]);

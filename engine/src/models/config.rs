@@ -46,7 +46,8 @@ pub struct LlmConfig {
 
 impl LlmConfig {
     pub fn from_json(text: &str) -> Result<LlmConfig> {
-        let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("config.json is not valid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| bad(format!("config.json is not valid JSON: {e}")))?;
         LlmConfig::from_value(&v)
     }
 
@@ -65,14 +66,20 @@ impl LlmConfig {
                     "model architecture {other} (Drift runs LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)"
                 )));
             }
-            (None, t) => return Err(bad(format!("config.json names no architecture (model_type {t:?})"))),
+            (None, t) => {
+                return Err(bad(format!(
+                    "config.json names no architecture (model_type {t:?})"
+                )));
+            }
         };
         let hidden = req(v, "hidden_size")?;
         let n_heads = req(v, "num_attention_heads")?;
         let n_kv_heads = opt(v, "num_key_value_heads").unwrap_or(n_heads);
         let head_dim = opt(v, "head_dim").unwrap_or(hidden / n_heads.max(1));
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(bad(format!("{n_heads} attention heads cannot share {n_kv_heads} key/value heads")));
+            return Err(bad(format!(
+                "{n_heads} attention heads cannot share {n_kv_heads} key/value heads"
+            )));
         }
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(bad(format!("head_dim {head_dim} must be even")));
@@ -86,23 +93,36 @@ impl LlmConfig {
         let scaling = rope_params.or_else(|| v.get("rope_scaling").filter(|s| s.is_object()));
         let rope_scaling = match scaling {
             Some(s) => {
-                let kind = s["rope_type"].as_str().or_else(|| s["type"].as_str()).unwrap_or("default");
+                let kind = s["rope_type"]
+                    .as_str()
+                    .or_else(|| s["type"].as_str())
+                    .unwrap_or("default");
                 match kind {
                     "default" => None,
                     "llama3" => Some(Llama3Scaling {
                         factor: s["factor"].as_f64().unwrap_or(8.0),
                         low_freq_factor: s["low_freq_factor"].as_f64().unwrap_or(1.0),
                         high_freq_factor: s["high_freq_factor"].as_f64().unwrap_or(4.0),
-                        original_max_position_embeddings: s["original_max_position_embeddings"].as_f64().unwrap_or(8192.0),
+                        original_max_position_embeddings: s["original_max_position_embeddings"]
+                            .as_f64()
+                            .unwrap_or(8192.0),
                     }),
-                    other => return Err(DriftError::Unsupported(format!("rope scaling type {other:?}"))),
+                    other => {
+                        return Err(DriftError::Unsupported(format!(
+                            "rope scaling type {other:?}"
+                        )));
+                    }
                 }
             }
             None => None,
         };
         let eos = match &v["eos_token_id"] {
             Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Value::Array(a) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Value::Array(a) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
             _ => Vec::new(),
         };
         Ok(LlmConfig {
@@ -146,7 +166,8 @@ impl LlmConfig {
                     } else if wavelen > low_wavelen {
                         inv / s.factor
                     } else {
-                        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        let smooth = (s.original_max_position_embeddings / wavelen
+                            - s.low_freq_factor)
                             / (s.high_freq_factor - s.low_freq_factor);
                         (1.0 - smooth) * inv / s.factor + smooth * inv
                     };
@@ -183,19 +204,26 @@ mod tests {
     #[test]
     fn llama32_transformers4() {
         let c = LlmConfig::from_json(LLAMA32_1B).unwrap();
-        assert_eq!((c.arch, c.n_kv_heads, c.head_dim, c.eos.len()), (Arch::Llama, 8, 64, 3));
+        assert_eq!(
+            (c.arch, c.n_kv_heads, c.head_dim, c.eos.len()),
+            (Arch::Llama, 8, 64, 3)
+        );
         assert!(c.tie_embeddings && !c.qkv_bias);
         let f = c.rope_freq_factors().unwrap();
         assert_eq!(f.len(), 32);
         assert!((f[0] - 1.0).abs() < 1e-6, "high frequencies unscaled");
-        assert!((f[31] - 32.0).abs() < 1e-4, "low frequencies divided by the factor");
+        assert!(
+            (f[31] - 32.0).abs() < 1e-4,
+            "low frequencies divided by the factor"
+        );
     }
 
     #[test]
     fn transformers5_rope_parameters() {
-        let v5 = LLAMA32_1B
-            .replace(r#""rope_theta":500000.0,"#, "")
-            .replace(r#""rope_scaling":{"#, r#""rope_parameters":{"rope_theta":500000.0,"#);
+        let v5 = LLAMA32_1B.replace(r#""rope_theta":500000.0,"#, "").replace(
+            r#""rope_scaling":{"#,
+            r#""rope_parameters":{"rope_theta":500000.0,"#,
+        );
         let a = LlmConfig::from_json(LLAMA32_1B).unwrap();
         let b = LlmConfig::from_json(&v5).unwrap();
         assert_eq!(a, b);

@@ -26,7 +26,8 @@ fn read(path: &Path) -> Result<String> {
 }
 
 fn json(path: &Path) -> Result<serde_json::Value> {
-    serde_json::from_str(&read(path)?).map_err(|e| DriftError::Other(format!("{}: invalid JSON: {e}", path.display())))
+    serde_json::from_str(&read(path)?)
+        .map_err(|e| DriftError::Other(format!("{}: invalid JSON: {e}", path.display())))
 }
 
 impl HfFolder {
@@ -50,15 +51,22 @@ impl HfFolder {
             if dir.join("chat_template.jinja").is_file() {
                 tcfg["chat_template"] = read(&dir.join("chat_template.jinja"))?.into();
             } else if dir.join("chat_template.json").is_file() {
-                tcfg["chat_template"] = json(&dir.join("chat_template.json"))?["chat_template"].clone();
+                tcfg["chat_template"] =
+                    json(&dir.join("chat_template.json"))?["chat_template"].clone();
             }
         }
-        let template = if tcfg.is_object() { ChatTemplate::from_tokenizer_config(&tcfg)? } else { None };
+        let template = if tcfg.is_object() {
+            ChatTemplate::from_tokenizer_config(&tcfg)?
+        } else {
+            None
+        };
         let mut eos = config.eos.clone();
         if dir.join("generation_config.json").is_file() {
             match &json(&dir.join("generation_config.json"))?["eos_token_id"] {
                 serde_json::Value::Number(n) => eos.extend(n.as_u64().map(|x| x as u32)),
-                serde_json::Value::Array(a) => eos.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32)),
+                serde_json::Value::Array(a) => {
+                    eos.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32))
+                }
                 _ => {}
             }
         }

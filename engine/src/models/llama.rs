@@ -28,7 +28,9 @@ use crate::tensor::{DType, Tensor};
 /// Rows at or below which a projection uses the matrix-vector kernels (decode, tiny prefills).
 const MATVEC_MAX_ROWS: usize = 8;
 
-pub use crate::models::llama_weights::{LayerWeights, Linear, LlamaWeights, QuantScheme, WeightSource};
+pub use crate::models::llama_weights::{
+    LayerWeights, Linear, LlamaWeights, QuantScheme, WeightSource,
+};
 
 /// Activations of one stage (T rows).
 struct Activations {
@@ -45,8 +47,16 @@ struct Activations {
 
 impl Activations {
     fn new(gpu: &Gpu, cfg: &LlmConfig, t: usize, io: DType) -> Result<Activations> {
-        let (hq, hkv, d, h, i) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden, cfg.intermediate);
-        let a = |name: &str, shape: &[usize], dt: DType| gpu.tensor(name, shape, dt, Category::Activations);
+        let (hq, hkv, d, h, i) = (
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.hidden,
+            cfg.intermediate,
+        );
+        let a = |name: &str, shape: &[usize], dt: DType| {
+            gpu.tensor(name, shape, dt, Category::Activations)
+        };
         Ok(Activations {
             x: a("x", &[t, h], DType::F32)?,
             xn: a("xn", &[t, h], io)?,
@@ -128,7 +138,16 @@ impl LlamaModel {
         let b = w.bias.as_ref();
         if rows <= MATVEC_MAX_ROWS && (w.parts.len() == 1 || rows == 1) {
             if let [part] = &w.parts[..] {
-                return matvec_quant(gpu, part, x, out, &MatvecOptions { bias: b, ..Default::default() });
+                return matvec_quant(
+                    gpu,
+                    part,
+                    x,
+                    out,
+                    &MatvecOptions {
+                        bias: b,
+                        ..Default::default()
+                    },
+                );
             }
             // One row: each part writes its slice of the output row.
             let mut d = Vec::new();
@@ -137,12 +156,25 @@ impl LlamaModel {
                 let n = part.shape[0];
                 let bias = b.map(|b| b.view(off, &[n])).transpose()?;
                 let o = out.view(off, &[1, n])?;
-                d.extend(matvec_quant(gpu, part, x, &o, &MatvecOptions { bias: bias.as_ref(), ..Default::default() })?);
+                d.extend(matvec_quant(
+                    gpu,
+                    part,
+                    x,
+                    &o,
+                    &MatvecOptions {
+                        bias: bias.as_ref(),
+                        ..Default::default()
+                    },
+                )?);
                 off += n;
             }
             return Ok(d);
         }
-        let opts = MatmulOptions { transpose_b: true, bias: b, ..Default::default() };
+        let opts = MatmulOptions {
+            transpose_b: true,
+            bias: b,
+            ..Default::default()
+        };
         if let ([part], true) = (&w.parts[..], w.is_float())
             && part.dtype == x.dtype
         {
@@ -154,7 +186,12 @@ impl LlamaModel {
         let scratch = match &self.scratch {
             Some(s) if s.numel() >= w.n * w.k => s,
             _ => {
-                own = gpu.tensor("dequant scratch (large)", &[w.n * w.k], self.w.dtype, Category::Activations)?;
+                own = gpu.tensor(
+                    "dequant scratch (large)",
+                    &[w.n * w.k],
+                    self.w.dtype,
+                    Category::Activations,
+                )?;
                 &own
             }
         };
@@ -165,7 +202,11 @@ impl LlamaModel {
             let dst = scratch.view(off * w.k, &[n, w.k])?;
             for shard in part.row_shards(gpu.caps.max_storage_binding)? {
                 let r = shard.tensor.shape[0];
-                d.push(dequantize(gpu, &shard.tensor, &dst.rows(shard.row_start, shard.row_start + r)?)?);
+                d.push(dequantize(
+                    gpu,
+                    &shard.tensor,
+                    &dst.rows(shard.row_start, shard.row_start + r)?,
+                )?);
             }
             off += n;
         }
@@ -179,7 +220,14 @@ impl LlamaModel {
         let c = &self.cfg;
         let eps = c.rms_eps as f32;
         let mut d = embedding(gpu, &self.w.embed, ids, &a.x, &Default::default())?;
-        d.push(rmsnorm(gpu, &a.x, &self.w.layers[0].attn_norm, &a.xn, eps, RowVariant::Auto)?);
+        d.push(rmsnorm(
+            gpu,
+            &a.x,
+            &self.w.layers[0].attn_norm,
+            &a.xn,
+            eps,
+            RowVariant::Auto,
+        )?);
         let q4 = a.q.clone();
         for (l, lw) in self.w.layers.iter().enumerate() {
             let (k, v) = &self.kv[l];
@@ -212,12 +260,34 @@ impl LlamaModel {
             )?);
             let attn2 = a.attn.reshape(&[t, c.n_heads * c.head_dim])?;
             d.extend(self.linear(gpu, &attn2, &lw.wo, &a.o)?);
-            d.push(add_rmsnorm(gpu, &a.x, &a.o, &lw.ffn_norm, &a.x, &a.xn, eps, RowVariant::Auto)?);
+            d.push(add_rmsnorm(
+                gpu,
+                &a.x,
+                &a.o,
+                &lw.ffn_norm,
+                &a.x,
+                &a.xn,
+                eps,
+                RowVariant::Auto,
+            )?);
             d.extend(self.linear(gpu, &a.xn, &lw.gate_up, &a.gu)?);
             d.push(swiglu(gpu, &a.gu, &a.act)?);
             d.extend(self.linear(gpu, &a.act, &lw.down, &a.down)?);
-            let next = self.w.layers.get(l + 1).map_or(&self.w.norm, |n| &n.attn_norm);
-            d.push(add_rmsnorm(gpu, &a.x, &a.down, next, &a.x, &a.xn, eps, RowVariant::Auto)?);
+            let next = self
+                .w
+                .layers
+                .get(l + 1)
+                .map_or(&self.w.norm, |n| &n.attn_norm);
+            d.push(add_rmsnorm(
+                gpu,
+                &a.x,
+                &a.down,
+                next,
+                &a.x,
+                &a.xn,
+                eps,
+                RowVariant::Auto,
+            )?);
         }
         Ok(d)
     }
@@ -250,21 +320,34 @@ impl LlamaModel {
 
     /// Writes the step state: `kv_len` rows valid after this step, first row at `pos0`.
     pub fn set_step(&self, gpu: &Gpu, kv_len: usize, pos0: usize) -> Result<()> {
-        gpu.write_tensor_bytes(&self.step, bytemuck::cast_slice(&[kv_len as u32, pos0 as u32]))
+        gpu.write_tensor_bytes(
+            &self.step,
+            bytemuck::cast_slice(&[kv_len as u32, pos0 as u32]),
+        )
     }
 
     /// Builds the prefill program for `t` tokens (already written at `ids[0..t]`) starting at `pos0`.
     /// With `all_logits`, logits of every row go to the returned tensor `[t, vocab]`; otherwise only the
     /// last row's, into `self.logits`.
     /// The program holds its activation buffers (dispatches keep what they bind alive).
-    pub fn build_prefill(&self, gpu: &Gpu, t: usize, all_logits: bool) -> Result<(Program, Option<Tensor>)> {
+    pub fn build_prefill(
+        &self,
+        gpu: &Gpu,
+        t: usize,
+        all_logits: bool,
+    ) -> Result<(Program, Option<Tensor>)> {
         let io = self.w.dtype;
         let a = Activations::new(gpu, &self.cfg, t, io)?;
         let ids = self.ids.view(0, &[t])?;
         let mut p = Program::new();
         p.extend(self.layers(gpu, &a, &ids, t)?);
         let logits = if all_logits {
-            let l = gpu.tensor("prefill logits", &[t, self.cfg.vocab], DType::F32, Category::Activations)?;
+            let l = gpu.tensor(
+                "prefill logits",
+                &[t, self.cfg.vocab],
+                DType::F32,
+                Category::Activations,
+            )?;
             p.extend(self.linear(gpu, &a.xn, &self.w.lm_head, &l)?);
             Some(l)
         } else {

@@ -80,7 +80,11 @@ impl QuantScheme {
             "q8_0" => QuantScheme::Q8_0,
             "q4_0" => QuantScheme::Q4_0,
             "mixed-8-4" => QuantScheme::Mixed84,
-            other => return Err(DriftError::Other(format!("unknown --quant {other}: q8_0, q4_0, mixed-8-4"))),
+            other => {
+                return Err(DriftError::Other(format!(
+                    "unknown --quant {other}: q8_0, q4_0, mixed-8-4"
+                )));
+            }
         })
     }
 
@@ -101,7 +105,14 @@ fn float_dtype(gpu: &Gpu) -> DType {
 fn upload(gpu: &Gpu, name: &str, shape: &[usize], values: &[f32], dtype: DType) -> Result<Tensor> {
     if dtype.is_quantized() {
         let bytes = quantize(dtype, values)?;
-        gpu.tensor_from_bytes(name, shape, dtype, Layout::Blocks, &bytes, Category::Weights)
+        gpu.tensor_from_bytes(
+            name,
+            shape,
+            dtype,
+            Layout::Blocks,
+            &bytes,
+            Category::Weights,
+        )
     } else {
         gpu.tensor_from_f32(name, shape, dtype, values, Category::Weights)
     }
@@ -109,18 +120,37 @@ fn upload(gpu: &Gpu, name: &str, shape: &[usize], values: &[f32], dtype: DType) 
 
 impl LlamaWeights {
     /// From Hugging Face names (safetensors folders, random benchmark weights).
-    pub fn load(gpu: &Gpu, cfg: &LlmConfig, src: &dyn WeightSource, quant: QuantScheme) -> Result<LlamaWeights> {
+    pub fn load(
+        gpu: &Gpu,
+        cfg: &LlmConfig,
+        src: &dyn WeightSource,
+        quant: QuantScheme,
+    ) -> Result<LlamaWeights> {
         let fd = float_dtype(gpu);
-        let (hq, hkv, d, h, inter) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden, cfg.intermediate);
+        let (hq, hkv, d, h, inter) = (
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.hidden,
+            cfg.intermediate,
+        );
         let get = |name: &str, want: &[usize]| -> Result<Vec<f32>> {
             let (shape, v) = src.get(name)?;
             if shape != want {
-                return Err(DriftError::Other(format!("{name} has shape {shape:?}, config implies {want:?}")));
+                return Err(DriftError::Other(format!(
+                    "{name} has shape {shape:?}, config implies {want:?}"
+                )));
             }
             Ok(v)
         };
-        let vector = |name: &str, n: usize| -> Result<Tensor> { upload(gpu, name, &[n], &get(name, &[n])?, DType::F32) };
-        let linear = |names: &[(&str, usize)], k: usize, attention: bool, bias: Option<&[(&str, usize)]>| -> Result<Linear> {
+        let vector = |name: &str, n: usize| -> Result<Tensor> {
+            upload(gpu, name, &[n], &get(name, &[n])?, DType::F32)
+        };
+        let linear = |names: &[(&str, usize)],
+                      k: usize,
+                      attention: bool,
+                      bias: Option<&[(&str, usize)]>|
+         -> Result<Linear> {
             let mut v = Vec::new();
             for (name, rows) in names {
                 v.extend(get(name, &[*rows, k])?);
@@ -136,16 +166,39 @@ impl LlamaWeights {
                 }
                 None => None,
             };
-            Ok(Linear { parts: vec![upload(gpu, names[0].0, &[n, k], &v, quant.for_role(attention, fd))?], bias, n, k })
+            Ok(Linear {
+                parts: vec![upload(
+                    gpu,
+                    names[0].0,
+                    &[n, k],
+                    &v,
+                    quant.for_role(attention, fd),
+                )?],
+                bias,
+                n,
+                k,
+            })
         };
         let embed_v = get("model.embed_tokens.weight", &[cfg.vocab, h])?;
         let embed = upload(gpu, "embed", &[cfg.vocab, h], &embed_v, fd)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
-            let (q, k, v) = (p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"), p("self_attn.v_proj.weight"));
-            let (bq, bk, bv) = (p("self_attn.q_proj.bias"), p("self_attn.k_proj.bias"), p("self_attn.v_proj.bias"));
-            let qkv_bias = [(bq.as_str(), hq * d), (bk.as_str(), hkv * d), (bv.as_str(), hkv * d)];
+            let (q, k, v) = (
+                p("self_attn.q_proj.weight"),
+                p("self_attn.k_proj.weight"),
+                p("self_attn.v_proj.weight"),
+            );
+            let (bq, bk, bv) = (
+                p("self_attn.q_proj.bias"),
+                p("self_attn.k_proj.bias"),
+                p("self_attn.v_proj.bias"),
+            );
+            let qkv_bias = [
+                (bq.as_str(), hq * d),
+                (bk.as_str(), hkv * d),
+                (bv.as_str(), hkv * d),
+            ];
             let (g, u) = (p("mlp.gate_proj.weight"), p("mlp.up_proj.weight"));
             layers.push(LayerWeights {
                 attn_norm: vector(&p("input_layernorm.weight"), h)?,
@@ -165,9 +218,25 @@ impl LlamaWeights {
         let lm_head = if !cfg.tie_embeddings && src.has("lm_head.weight") {
             linear(&[("lm_head.weight", cfg.vocab)], h, false, None)?
         } else if head_dtype == fd {
-            Linear { parts: vec![embed.clone()], bias: None, n: cfg.vocab, k: h }
+            Linear {
+                parts: vec![embed.clone()],
+                bias: None,
+                n: cfg.vocab,
+                k: h,
+            }
         } else {
-            Linear { parts: vec![upload(gpu, "lm_head", &[cfg.vocab, h], &embed_v, head_dtype)?], bias: None, n: cfg.vocab, k: h }
+            Linear {
+                parts: vec![upload(
+                    gpu,
+                    "lm_head",
+                    &[cfg.vocab, h],
+                    &embed_v,
+                    head_dtype,
+                )?],
+                bias: None,
+                n: cfg.vocab,
+                k: h,
+            }
         };
         let freqs = inv_freq(cfg.rope_theta, d, cfg.rope_freq_factors().as_deref());
         Ok(LlamaWeights {
@@ -192,7 +261,9 @@ impl LlamaWeights {
                     let target = if shape.len() == 1 { DType::F32 } else { fd };
                     upload(gpu, name, &shape, &v, target)
                 }
-                q => gpu.tensor_from_bytes(name, shape, q, Layout::Blocks, bytes, Category::Weights),
+                q => {
+                    gpu.tensor_from_bytes(name, shape, q, Layout::Blocks, bytes, Category::Weights)
+                }
             }
         };
         // Stacks parts of one block type into one tensor (rows are contiguous runs of blocks).
@@ -203,13 +274,25 @@ impl LlamaWeights {
                 .collect::<Result<_>>()?;
             let k = infos[0].1[1];
             if infos.iter().any(|(_, s, _)| s.len() != 2 || s[1] != k) {
-                return Err(DriftError::Other(format!("{names:?}: projections disagree on their input width")));
+                return Err(DriftError::Other(format!(
+                    "{names:?}: projections disagree on their input width"
+                )));
             }
             let n = infos.iter().map(|(_, s, _)| s[0]).sum();
             let same = infos.iter().all(|(d, _, _)| *d == infos[0].0) && infos[0].0.is_quantized();
             let parts = if same && names.len() > 1 {
-                let bytes: Vec<u8> = infos.iter().flat_map(|(_, _, b)| b.iter().copied()).collect();
-                vec![gpu.tensor_from_bytes(&names[0], &[n, k], infos[0].0, Layout::Blocks, &bytes, Category::Weights)?]
+                let bytes: Vec<u8> = infos
+                    .iter()
+                    .flat_map(|(_, _, b)| b.iter().copied())
+                    .collect();
+                vec![gpu.tensor_from_bytes(
+                    &names[0],
+                    &[n, k],
+                    infos[0].0,
+                    Layout::Blocks,
+                    &bytes,
+                    Category::Weights,
+                )?]
             } else {
                 names.iter().map(|nm| tensor(nm)).collect::<Result<_>>()?
             };
@@ -232,7 +315,8 @@ impl LlamaWeights {
                 attn_norm: tensor(&b("attn_norm.weight"))?,
                 qkv: linear(
                     &[b("attn_q.weight"), b("attn_k.weight"), b("attn_v.weight")],
-                    cfg.qkv_bias.then(|| vec![b("attn_q.bias"), b("attn_k.bias"), b("attn_v.bias")]),
+                    cfg.qkv_bias
+                        .then(|| vec![b("attn_q.bias"), b("attn_k.bias"), b("attn_v.bias")]),
                 )?,
                 wo: linear(&[b("attn_output.weight")], None)?,
                 ffn_norm: tensor(&b("ffn_norm.weight"))?,
@@ -244,15 +328,29 @@ impl LlamaWeights {
         let lm_head = if f.has_tensor("output.weight") {
             linear(&["output.weight".to_string()], None)?
         } else {
-            Linear { parts: vec![table.clone()], bias: None, n: cfg.vocab, k: cfg.hidden }
+            Linear {
+                parts: vec![table.clone()],
+                bias: None,
+                n: cfg.vocab,
+                k: cfg.hidden,
+            }
         };
         // The gather reads float rows: a quantised table is dequantised once for it.
         let embed = if table.dtype.is_quantized() {
-            let e = gpu.tensor("embed (dequantised)", &[cfg.vocab, cfg.hidden], fd, Category::Weights)?;
+            let e = gpu.tensor(
+                "embed (dequantised)",
+                &[cfg.vocab, cfg.hidden],
+                fd,
+                Category::Weights,
+            )?;
             let mut p = crate::exec::Program::new();
             for shard in table.row_shards(gpu.caps.max_storage_binding)? {
                 let rows = shard.tensor.shape[0];
-                p.push(dequantize(gpu, &shard.tensor, &e.rows(shard.row_start, shard.row_start + rows)?)?);
+                p.push(dequantize(
+                    gpu,
+                    &shard.tensor,
+                    &e.rows(shard.row_start, shard.row_start + rows)?,
+                )?);
             }
             p.run(gpu)?;
             e

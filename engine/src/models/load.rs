@@ -14,9 +14,17 @@ use crate::tokenize::gguf_tokenizer::from_gguf;
 /// Default context when the user gives none: the model's own limit, capped so the KV cache stays small.
 pub const DEFAULT_CONTEXT: usize = 4096;
 
-pub fn open_llm(gpu: &Gpu, path: &Path, context: Option<usize>, quant: QuantScheme) -> Result<LlmSession> {
+pub fn open_llm(
+    gpu: &Gpu,
+    path: &Path,
+    context: Option<usize>,
+    quant: QuantScheme,
+) -> Result<LlmSession> {
     let lower = path.to_string_lossy().to_lowercase();
-    if [".ckpt", ".pt", ".bin", ".pth", ".pkl"].iter().any(|e| lower.ends_with(e)) {
+    if [".ckpt", ".pt", ".bin", ".pth", ".pkl"]
+        .iter()
+        .any(|e| lower.ends_with(e))
+    {
         return Err(DriftError::Unsupported(format!(
             "{}: pickle checkpoints can run arbitrary code when loaded; use the model's .safetensors files",
             path.display()
@@ -25,7 +33,11 @@ pub fn open_llm(gpu: &Gpu, path: &Path, context: Option<usize>, quant: QuantSche
     if lower.ends_with(".gguf") {
         return open_gguf(gpu, path, context, quant);
     }
-    let folder = if path.is_file() && lower.ends_with(".safetensors") { path.parent().unwrap_or(path) } else { path };
+    let folder = if path.is_file() && lower.ends_with(".safetensors") {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    };
     let f = HfFolder::open(folder)?;
     let ctx = context_for(context, f.config.max_positions, f.config.sliding_window);
     let weights = LlamaWeights::load(gpu, &f.config, &f.weights, quant)?;
@@ -33,7 +45,12 @@ pub fn open_llm(gpu: &Gpu, path: &Path, context: Option<usize>, quant: QuantSche
     LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos)
 }
 
-fn open_gguf(gpu: &Gpu, path: &Path, context: Option<usize>, quant: QuantScheme) -> Result<LlmSession> {
+fn open_gguf(
+    gpu: &Gpu,
+    path: &Path,
+    context: Option<usize>,
+    quant: QuantScheme,
+) -> Result<LlmSession> {
     if quant != QuantScheme::None {
         return Err(DriftError::Unsupported(
             "--quant applies to safetensors models; a GGUF file keeps its own quantisation".into(),

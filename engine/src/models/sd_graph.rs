@@ -669,7 +669,14 @@ impl Graph {
         let mut program = Program::new();
         let split_values = self.split_scratch_values();
         let split_scratch = (split_values > 0)
-            .then(|| gpu.tensor(&format!("{label} split-K scratch"), &[split_values], DType::F32, Category::Activations))
+            .then(|| {
+                gpu.tensor(
+                    &format!("{label} split-K scratch"),
+                    &[split_values],
+                    DType::F32,
+                    Category::Activations,
+                )
+            })
             .transpose()?;
         for op in &self.ops {
             match op {

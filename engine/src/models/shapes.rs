@@ -44,7 +44,10 @@ pub struct RandomWeights {
 impl RandomWeights {
     /// Values for a tensor of `shape`; norm weights hover around 1.
     pub fn values(&self, name: &str, n: usize) -> Vec<f32> {
-        let mut s = self.seed ^ name.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        let mut s = self.seed
+            ^ name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100000001b3)
+            });
         let norm = name.contains("norm");
         (0..n)
             .map(|_| {

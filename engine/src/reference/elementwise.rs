@@ -1,11 +1,20 @@
 //! Elementwise references: broadcasting binary ops and activations.
 
 /// Broadcast binary op over row-major `a` (`sa`) and `b` (`sb`) into `out_shape`.
-pub fn binary(a: &[f32], sa: &[usize], b: &[f32], sb: &[usize], out_shape: &[usize], f: impl Fn(f64, f64) -> f64) -> Vec<f64> {
+pub fn binary(
+    a: &[f32],
+    sa: &[usize],
+    b: &[f32],
+    sb: &[usize],
+    out_shape: &[usize],
+    f: impl Fn(f64, f64) -> f64,
+) -> Vec<f64> {
     let n: usize = out_shape.iter().product();
     let index = |shape: &[usize], idx: &[usize]| {
         let off = out_shape.len() - shape.len();
-        shape.iter().enumerate().fold(0usize, |acc, (d, &s)| acc * s + if s == 1 { 0 } else { idx[off + d] })
+        shape.iter().enumerate().fold(0usize, |acc, (d, &s)| {
+            acc * s + if s == 1 { 0 } else { idx[off + d] }
+        })
     };
     let mut idx = vec![0usize; out_shape.len()];
     (0..n)
@@ -65,7 +74,13 @@ pub fn erf(x: f64) -> f64 {
 mod tests {
     #[test]
     fn erf_matches_known_values() {
-        for (x, want) in [(0.5, 0.5204998778130465), (1.0, 0.8427007929497149), (2.0, 0.9953222650189527), (3.5, 0.9999992569016276), (-1.0, -0.8427007929497149)] {
+        for (x, want) in [
+            (0.5, 0.5204998778130465),
+            (1.0, 0.8427007929497149),
+            (2.0, 0.9953222650189527),
+            (3.5, 0.9999992569016276),
+            (-1.0, -0.8427007929497149),
+        ] {
             assert!((super::erf(x) - want).abs() < 1e-13, "erf({x})");
         }
     }

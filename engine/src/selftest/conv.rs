@@ -357,7 +357,12 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
     // Forced splits above 2 write their partial sums into a caller-provided (oversized) scratch, as a
     // planned graph does; other splits allocate their own.
     let shared = match c.split_k {
-        Some(s) if s > 2 => Some(gpu.tensor("shared split scratch", &[s * out.numel() + 7], DType::F32, Category::Activations)?),
+        Some(s) if s > 2 => Some(gpu.tensor(
+            "shared split scratch",
+            &[s * out.numel() + 7],
+            DType::F32,
+            Category::Activations,
+        )?),
         _ => None,
     };
     let opts = Conv2dOptions {

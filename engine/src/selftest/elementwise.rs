@@ -37,7 +37,14 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-pub fn check_binary(gpu: &Gpu, rng: &mut Rng, op: BinaryOp, sa: &[usize], sb: &[usize], dtype: DType) -> Result<Check> {
+pub fn check_binary(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    op: BinaryOp,
+    sa: &[usize],
+    sb: &[usize],
+    dtype: DType,
+) -> Result<Check> {
     let so = broadcast_shape(sa, sb)?;
     let av = random(rng, sa.iter().product(), -2.0, 2.0, dtype);
     let bv = random(rng, sb.iter().product(), -2.0, 2.0, dtype);
@@ -94,7 +101,13 @@ pub fn check_unary(gpu: &Gpu, rng: &mut Rng, op: UnaryOp, n: usize, dtype: DType
 pub fn check_copy(gpu: &Gpu, rng: &mut Rng) -> Result<Check> {
     let n = 4 * 1031;
     let vals = random(rng, 2 * n + 8, -1.0, 1.0, DType::F32);
-    let all = gpu.tensor_from_f32("copy", &[2 * n + 8], DType::F32, &vals, Category::Activations)?;
+    let all = gpu.tensor_from_f32(
+        "copy",
+        &[2 * n + 8],
+        DType::F32,
+        &vals,
+        Category::Activations,
+    )?;
     let src = all.view(4, &[n])?;
     let dst = all.view(n + 8, &[n])?;
     gpu.poison(&dst)?;

@@ -4,8 +4,8 @@
 
 pub mod attention;
 pub mod conv;
-pub mod embedding;
 pub mod elementwise;
+pub mod embedding;
 pub mod layout;
 pub mod matmul;
 pub mod matvec;
@@ -48,7 +48,11 @@ impl std::fmt::Display for Check {
             self.atol,
             self.rtol,
             self.worst_ratio,
-            if self.detail.is_empty() { String::new() } else { format!(": {}", self.detail) }
+            if self.detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", self.detail)
+            }
         )
     }
 }
@@ -65,7 +69,11 @@ pub fn compare(name: impl Into<String>, got: &[f32], want: &[f64], atol: f64, rt
     }
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs();
-        let ratio = if g.is_finite() { err / (atol + rtol * w.abs()) } else { f64::INFINITY };
+        let ratio = if g.is_finite() {
+            err / (atol + rtol * w.abs())
+        } else {
+            f64::INFINITY
+        };
         if ratio > worst {
             worst = ratio;
             if ratio > 1.0 {
@@ -103,7 +111,9 @@ pub fn rng() -> (Rng, u64) {
 /// `n` uniform values in `[lo, hi)`, rounded to what `dtype` can hold so the reference sees the exact
 /// inputs the GPU sees.
 pub fn random(rng: &mut Rng, n: usize, lo: f32, hi: f32, dtype: DType) -> Vec<f32> {
-    (0..n).map(|_| round_to(rng.random_range(lo..hi), dtype)).collect()
+    (0..n)
+        .map(|_| round_to(rng.random_range(lo..hi), dtype))
+        .collect()
 }
 
 /// `v` rounded to `dtype` (f16 and bf16 lose precision; f32 unchanged).
@@ -117,7 +127,11 @@ pub fn round_to(v: f32, dtype: DType) -> f32 {
 
 /// The float dtypes this device runs kernels in: f32 always, f16 where the device has it.
 pub fn float_dtypes(gpu: &Gpu) -> Vec<DType> {
-    if gpu.caps.f16 { vec![DType::F32, DType::F16] } else { vec![DType::F32] }
+    if gpu.caps.f16 {
+        vec![DType::F32, DType::F16]
+    } else {
+        vec![DType::F32]
+    }
 }
 
 /// Output tolerance of a kernel that accumulates in f32 and stores `dtype` (relative, per value).

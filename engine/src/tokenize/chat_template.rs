@@ -34,13 +34,18 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| DriftError::Other(format!("the model's chat template does not parse: {e}")))?;
+            .map_err(|e| {
+                DriftError::Other(format!("the model's chat template does not parse: {e}"))
+            })?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.into(),
@@ -63,7 +68,11 @@ impl ChatTemplate {
         };
         let token = |key: &str| match &cfg[key] {
             serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).unwrap_or("").to_string(),
+            serde_json::Value::Object(o) => o
+                .get("content")
+                .and_then(|c| c.as_str())
+                .unwrap_or("")
+                .to_string(),
             _ => String::new(),
         };
         source
@@ -72,7 +81,10 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self.env.get_template("chat").map_err(|e| DriftError::Other(e.to_string()))?;
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| DriftError::Other(e.to_string()))?;
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -87,14 +99,16 @@ impl ChatTemplate {
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let text = match indent {
         Some(n) => {
             let mut buf = Vec::new();
             let ind = vec![b' '; n];
             let fmt = serde_json::ser::PrettyFormatter::with_indent(&ind);
             let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
-            json.serialize(&mut ser).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            json.serialize(&mut ser)
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
             String::from_utf8_lossy(&buf).into_owned()
         }
         // Python's default separators put a space after ':' and ','.
@@ -105,11 +119,18 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result
 
 fn python_json(v: &serde_json::Value) -> String {
     match v {
-        serde_json::Value::Array(a) => format!("[{}]", a.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        serde_json::Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(python_json).collect::<Vec<_>>().join(", ")
+        ),
         serde_json::Value::Object(o) => format!(
             "{{{}}}",
             o.iter()
-                .map(|(k, v)| format!("{}: {}", serde_json::Value::String(k.clone()), python_json(v)))
+                .map(|(k, v)| format!(
+                    "{}: {}",
+                    serde_json::Value::String(k.clone()),
+                    python_json(v)
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -123,9 +144,21 @@ fn strftime_now(fmt: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
     let (y, m, d) = civil_from_days(secs.div_euclid(86400));
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
     const FULL: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
         "December",
     ];
     fmt.replace("%d", &format!("{d:02}"))
@@ -173,7 +206,10 @@ mod tests {
             "",
         )
         .unwrap();
-        assert_eq!(t.render(&[Message::new("user", "  a<b  ")], false).unwrap(), "\"a<b\"");
+        assert_eq!(
+            t.render(&[Message::new("user", "  a<b  ")], false).unwrap(),
+            "\"a<b\""
+        );
         let e = t.render(&[Message::new("bad", "x")], false).unwrap_err();
         assert!(e.to_string().contains("roles must alternate"));
     }

@@ -17,8 +17,9 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| DriftError::Other(format!("{}: cannot load tokenizer: {e}", path.display())))?;
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            DriftError::Other(format!("{}: cannot load tokenizer: {e}", path.display()))
+        })?;
         Ok(TextTokenizer { inner })
     }
 

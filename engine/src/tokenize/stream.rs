@@ -25,7 +25,10 @@ impl TextStream {
         let before = tok.decode(&self.ids[self.prefix..self.read])?;
         let now = tok.decode(&self.ids[self.prefix..])?;
         // An incomplete UTF-8 sequence decodes to U+FFFD at the end: wait for the next token.
-        if now.len() <= before.len() || now.ends_with('\u{FFFD}') || !now.is_char_boundary(before.len()) {
+        if now.len() <= before.len()
+            || now.ends_with('\u{FFFD}')
+            || !now.is_char_boundary(before.len())
+        {
             return Ok(None);
         }
         let piece = now[before.len()..].to_string();

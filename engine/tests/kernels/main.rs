@@ -3,14 +3,14 @@
 
 mod common;
 
-mod elementwise;
-mod matmul;
-mod matvec;
-mod softmax;
-mod norm;
-mod rope;
-mod embedding;
 mod attention;
 mod conv;
+mod elementwise;
+mod embedding;
 mod layout;
+mod matmul;
+mod matvec;
+mod norm;
 mod quant;
+mod rope;
+mod softmax;

@@ -231,12 +231,13 @@ fn quant_matvec_bandwidth() {
                     &[
                         (1, 1, true),
                         (1, 2, true),
+                        (1, 4, true),
                         (2, 1, true),
                         (2, 2, true),
-                        (1, 2, false),
+                        (1, 0, false),
                     ]
                 } else {
-                    &[(1, 2, true)]
+                    &[(1, 0, true)]
                 };
                 for &(rpt, cps, trusted) in tunings {
                     let t = QuantTuning {

@@ -35,4 +35,3 @@ pub fn smollm2_path() -> PathBuf {
         .cloned()
         .unwrap_or_else(|| panic!("{SMOLLM2_FILE} not found (looked at {candidates:?}). {how}"))
 }
-

@@ -18,104 +18,255 @@ use super::timing::measure;
 /// Copy-bandwidth ceiling measured on the H200 (shared/notes/wgpu-on-h200.md), for the "% of copy" notes.
 const H200_COPY_GBPS: f64 = 4100.0;
 
-pub fn run_all(gpu: &Gpu, reps: usize, filter: Option<&str>, report: &mut dyn FnMut(Measurement)) -> Result<()> {
+pub fn run_all(
+    gpu: &Gpu,
+    reps: usize,
+    filter: Option<&str>,
+    report: &mut dyn FnMut(Measurement),
+) -> Result<()> {
     let wanted = |name: &str| filter.is_none_or(|f| name.contains(f));
-    let act = |shape: &[usize], dtype: DType| gpu.tensor("bench", shape, dtype, Category::Activations);
+    let act =
+        |shape: &[usize], dtype: DType| gpu.tensor("bench", shape, dtype, Category::Activations);
     let pct = |m: &Measurement| format!("{:.0}% of 4.1 TB/s copy", 100.0 * m.gbps / H200_COPY_GBPS);
 
     // Bandwidth baseline: 256 MiB copy.
     if wanted("copy") {
         let n = (64usize << 20).min(gpu.caps.max_storage_binding as usize / 4);
         let (a, b) = (act(&[n], DType::F32)?, act(&[n], DType::F32)?);
-        let m = measure(gpu, &format!("copy {} MiB (vec4)", n >> 18), &[copy(gpu, &a, &b)?], reps, "")?;
+        let m = measure(
+            gpu,
+            &format!("copy {} MiB (vec4)", n >> 18),
+            &[copy(gpu, &a, &b)?],
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
     if wanted("add") {
         let n = 16 << 20;
-        let (a, b, o) = (act(&[n], DType::F16)?, act(&[n], DType::F16)?, act(&[n], DType::F16)?);
-        let m = measure(gpu, "add f16 16M", &[binary(gpu, BinaryOp::Add, &a, &b, &o)?], reps, "")?;
+        let (a, b, o) = (
+            act(&[n], DType::F16)?,
+            act(&[n], DType::F16)?,
+            act(&[n], DType::F16)?,
+        );
+        let m = measure(
+            gpu,
+            "add f16 16M",
+            &[binary(gpu, BinaryOp::Add, &a, &b, &o)?],
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
     if wanted("silu") {
         let n = 16 << 20;
         let (a, o) = (act(&[n], DType::F16)?, act(&[n], DType::F16)?);
-        let m = measure(gpu, "silu f16 16M", &[unary(gpu, UnaryOp::Silu, &a, &o)?], reps, "")?;
+        let m = measure(
+            gpu,
+            "silu f16 16M",
+            &[unary(gpu, UnaryOp::Silu, &a, &o)?],
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
     // Decode: f16 matrix-vector at LLM sizes, against copy bandwidth.
-    for (n, k) in [(4096usize, 4096usize), (8192, 8192), (14336, 4096), (4096, 14336)] {
+    for (n, k) in [
+        (4096usize, 4096usize),
+        (8192, 8192),
+        (14336, 4096),
+        (4096, 14336),
+    ] {
         let name = format!("matvec f16 {n}x{k}");
         if !wanted(&name) || !gpu.caps.f16 {
             continue;
         }
         let w = gpu.tensor("w", &[n, k], DType::F16, Category::Weights)?;
         let (x, o) = (act(&[1, k], DType::F32)?, act(&[1, n], DType::F32)?);
-        let m = measure(gpu, &name, &matvec(gpu, &w, &x, &o, &MatvecOptions::default())?, reps, "")?;
+        let m = measure(
+            gpu,
+            &name,
+            &matvec(gpu, &w, &x, &o, &MatvecOptions::default())?,
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
     // Prefill / diffusion: f16 GEMM with and without cooperative matrices.
-    for (size, variant) in [(4096usize, MatmulVariant::Tiled), (4096, MatmulVariant::Coop), (2048, MatmulVariant::Tiled), (2048, MatmulVariant::Coop)] {
+    for (size, variant) in [
+        (4096usize, MatmulVariant::Tiled),
+        (4096, MatmulVariant::Coop),
+        (2048, MatmulVariant::Tiled),
+        (2048, MatmulVariant::Coop),
+    ] {
         let name = format!("matmul f16 {size}^3 {variant:?}").to_lowercase();
         let dt = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
         if !wanted(&name) || (variant == MatmulVariant::Coop && !gpu.caps.coop_16x16_f16_f32) {
             continue;
         }
-        let (a, b, o) = (act(&[size, size], dt)?, act(&[size, size], dt)?, act(&[size, size], DType::F32)?);
-        let opts = MatmulOptions { transpose_b: true, variant, ..Default::default() };
+        let (a, b, o) = (
+            act(&[size, size], dt)?,
+            act(&[size, size], dt)?,
+            act(&[size, size], DType::F32)?,
+        );
+        let opts = MatmulOptions {
+            transpose_b: true,
+            variant,
+            ..Default::default()
+        };
         let r = if size >= 4096 { reps.min(5) } else { reps };
-        report(measure(gpu, &name, &matmul(gpu, &a, &b, &o, &opts)?, r, "A @ B^T, f32 accumulate")?);
+        report(measure(
+            gpu,
+            &name,
+            &matmul(gpu, &a, &b, &o, &opts)?,
+            r,
+            "A @ B^T, f32 accumulate",
+        )?);
     }
     // Attention: LLM prefill (causal, 32 heads of 128, GQA 4:1) at 512 and 4096 tokens; SD 1.5 self-attention
     // at 512x512 (4096 tokens, 8 heads of 40, batch 2); decode over a 4096-token cache.
     let step = gpu.tensor("step", &[2], DType::U32, Category::Activations)?;
     let dt = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     for (name, b, lq, lkv, hq, hkv, d, causal) in [
-        ("attention prefill 512 tok (32x128, gqa 4)", 1usize, 512usize, 512usize, 32usize, 8usize, 128usize, true),
-        ("attention prefill 4096 tok (32x128, gqa 4)", 1, 4096, 4096, 32, 8, 128, true),
-        ("attention sd15 4096 tok (2x8x40)", 2, 4096, 4096, 8, 8, 40, false),
-        ("attention decode over 4096 (32x128, gqa 4)", 1, 1, 4096, 32, 8, 128, true),
+        (
+            "attention prefill 512 tok (32x128, gqa 4)",
+            1usize,
+            512usize,
+            512usize,
+            32usize,
+            8usize,
+            128usize,
+            true,
+        ),
+        (
+            "attention prefill 4096 tok (32x128, gqa 4)",
+            1,
+            4096,
+            4096,
+            32,
+            8,
+            128,
+            true,
+        ),
+        (
+            "attention sd15 4096 tok (2x8x40)",
+            2,
+            4096,
+            4096,
+            8,
+            8,
+            40,
+            false,
+        ),
+        (
+            "attention decode over 4096 (32x128, gqa 4)",
+            1,
+            1,
+            4096,
+            32,
+            8,
+            128,
+            true,
+        ),
     ] {
         if !wanted(name) {
             continue;
         }
-        gpu.write_tensor_bytes(&step, bytemuck_pair(lkv as u32, (lkv - lq) as u32).as_slice())?;
+        gpu.write_tensor_bytes(
+            &step,
+            bytemuck_pair(lkv as u32, (lkv - lq) as u32).as_slice(),
+        )?;
         let q = act(&[b, lq, hq, d], dt)?;
         let k = act(&[b, lkv, hkv, d], dt)?;
         let v = act(&[b, lkv, hkv, d], dt)?;
         let o = act(&[b, lq, hq, d], dt)?;
-        let opts = AttentionOptions { causal, ..Default::default() };
-        report(measure(gpu, name, &attention(gpu, &q, &k, &v, &o, &step, &opts)?, reps.min(5), "")?);
+        let opts = AttentionOptions {
+            causal,
+            ..Default::default()
+        };
+        report(measure(
+            gpu,
+            name,
+            &attention(gpu, &q, &k, &v, &o, &step, &opts)?,
+            reps.min(5),
+            "",
+        )?);
     }
     // Stable Diffusion 1.5 building blocks at 512x512, batch 2 (CFG).
     if wanted("conv") {
         let x = act(&[2, 320, 64, 64], dt)?;
         let o = act(&[2, 320, 64, 64], dt)?;
-        let w = conv2d_weight(gpu, "w", &[320, 320, 3, 3], dt, &vec![0u8; 320 * 320 * 9 * dt_bytes(dt)])?;
-        let opts = Conv2dOptions { stride: 1, padding: 1, ..Default::default() };
-        report(measure(gpu, "conv2d 3x3 2x320x64x64 -> 320", &conv2d(gpu, &x, &w, None, &o, &opts)?, reps.min(5), "")?);
+        let w = conv2d_weight(
+            gpu,
+            "w",
+            &[320, 320, 3, 3],
+            dt,
+            &vec![0u8; 320 * 320 * 9 * dt_bytes(dt)],
+        )?;
+        let opts = Conv2dOptions {
+            stride: 1,
+            padding: 1,
+            ..Default::default()
+        };
+        report(measure(
+            gpu,
+            "conv2d 3x3 2x320x64x64 -> 320",
+            &conv2d(gpu, &x, &w, None, &o, &opts)?,
+            reps.min(5),
+            "",
+        )?);
     }
     if wanted("groupnorm") {
         let x = act(&[2, 320, 64, 64], dt)?;
         let o = act(&[2, 320, 64, 64], dt)?;
         let g = act(&[320], DType::F32)?;
-        let opts = GroupNormOptions { groups: 32, eps: 1e-5, silu: true, chunks: None };
-        report(measure(gpu, "groupnorm+silu 2x320x64x64", &groupnorm(gpu, &x, &g, &g, &o, &opts)?, reps, "")?);
+        let opts = GroupNormOptions {
+            groups: 32,
+            eps: 1e-5,
+            silu: true,
+            chunks: None,
+        };
+        report(measure(
+            gpu,
+            "groupnorm+silu 2x320x64x64",
+            &groupnorm(gpu, &x, &g, &g, &o, &opts)?,
+            reps,
+            "",
+        )?);
     }
     if wanted("rmsnorm") {
         let (x, o) = (act(&[512, 4096], DType::F32)?, act(&[512, 4096], dt)?);
         let g = act(&[4096], DType::F32)?;
-        let m = measure(gpu, "rmsnorm 512x4096", &[rmsnorm(gpu, &x, &g, &o, 1e-5, RowVariant::Auto)?], reps, "")?;
+        let m = measure(
+            gpu,
+            "rmsnorm 512x4096",
+            &[rmsnorm(gpu, &x, &g, &o, 1e-5, RowVariant::Auto)?],
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
     if wanted("softmax") {
-        let (x, o) = (act(&[8 * 512, 512], DType::F32)?, act(&[8 * 512, 512], DType::F32)?);
-        let opts = SoftmaxOptions { causal: Some((512, 0)), ..Default::default() };
-        let m = measure(gpu, "softmax causal 8x512x512", &[softmax(gpu, &x, &o, &opts)?], reps, "")?;
+        let (x, o) = (
+            act(&[8 * 512, 512], DType::F32)?,
+            act(&[8 * 512, 512], DType::F32)?,
+        );
+        let opts = SoftmaxOptions {
+            causal: Some((512, 0)),
+            ..Default::default()
+        };
+        let m = measure(
+            gpu,
+            "softmax causal 8x512x512",
+            &[softmax(gpu, &x, &o, &opts)?],
+            reps,
+            "",
+        )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
     }
@@ -150,7 +301,10 @@ fn dispatch_overhead(gpu: &Gpu) -> Result<Measurement> {
         time_us: wall,
         gbps: 0.0,
         tflops: 0.0,
-        note: format!("CPU encode {cpu_us:.2} us/dispatch; wall {:.2} us/dispatch", wall / 150.0),
+        note: format!(
+            "CPU encode {cpu_us:.2} us/dispatch; wall {:.2} us/dispatch",
+            wall / 150.0
+        ),
     })
 }
 

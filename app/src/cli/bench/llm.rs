@@ -64,17 +64,28 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let shape = a.shape.clone().unwrap_or_else(|| "smollm2-135m".into());
     let cfg = llm_shape(&shape)?;
     let t = Instant::now();
-    let src = ShapedRandom { cfg: &cfg, rng: RandomWeights { seed: 1 } };
+    let src = ShapedRandom {
+        cfg: &cfg,
+        rng: RandomWeights { seed: 1 },
+    };
     let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::parse(&a.quant)?)?;
     let weight_bytes = gpu.memory_report().bytes(Category::Weights);
-    eprintln!("weights: {:.2} GB in {:.1} s", weight_bytes as f64 / 1e9, t.elapsed().as_secs_f64());
+    eprintln!(
+        "weights: {:.2} GB in {:.1} s",
+        weight_bytes as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
     let ctx = a.prompt + a.generate + 2;
     let model = LlamaModel::new(gpu, cfg.clone(), w, ctx)?;
     let kv_bytes = gpu.memory_report().bytes(Category::KvCache);
     // A one-token vocabulary tokenizer stands in: the benchmark never detokenises meaningfully.
-    let tok = TextTokenizer::from_json(r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#)?;
+    let tok = TextTokenizer::from_json(
+        r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#,
+    )?;
     let mut s = LlmSession::new(gpu, model, tok, None, vec![])?;
-    let prompt: Vec<u32> = (0..a.prompt).map(|i| (i * 7919 % cfg.vocab) as u32).collect();
+    let prompt: Vec<u32> = (0..a.prompt)
+        .map(|i| (i * 7919 % cfg.vocab) as u32)
+        .collect();
 
     // Prefill: GPU time of the prefill program, median of 5.
     let m = &s.model;
@@ -92,9 +103,22 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let prefill_wall = walls[2];
 
     // Decode: real generation loop (greedy, pipelined), after a warm-up.
-    let opts = GenerateOptions { sampling: SamplingParams::greedy(), max_tokens: a.generate, stop: vec![] };
+    let opts = GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_tokens: a.generate,
+        stop: vec![],
+    };
     let cancel = AtomicBool::new(false);
-    s.generate(gpu, &prompt[..8], &GenerateOptions { max_tokens: 8, ..opts.clone() }, &cancel, &mut |_| {})?;
+    s.generate(
+        gpu,
+        &prompt[..8],
+        &GenerateOptions {
+            max_tokens: 8,
+            ..opts.clone()
+        },
+        &cancel,
+        &mut |_| {},
+    )?;
     s.reset();
     let g = s.generate(gpu, &prompt, &opts, &cancel, &mut |_| {})?;
 
@@ -106,7 +130,12 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     step.push(m.argmax_dispatch(gpu)?);
     let profile = step.run_profiled(gpu, &mut Profiler::new())?;
     let decode_gpu_us = profile.busy_us();
-    let top = profile.by_kernel().into_iter().take(6).map(|k| (k.name, k.total_us)).collect();
+    let top = profile
+        .by_kernel()
+        .into_iter()
+        .take(6)
+        .map(|k| (k.name, k.total_us))
+        .collect();
     let cpu_us = step.cpu_us_per_dispatch(gpu, 20) * step.len() as f64;
     let bytes_per_token = step.cost().bytes;
 

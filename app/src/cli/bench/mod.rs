@@ -47,15 +47,29 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&r)?);
         } else {
             println!("{} on {}", r.shape, r.device);
-            println!("  weights {:.3} GB, KV cache {:.1} MB", r.weight_bytes as f64 / 1e9, r.kv_bytes as f64 / 1e6);
-            println!("  prefill {} tokens: {:.0} tok/s (GPU {:.2} ms)", r.prefill_tokens, r.prefill_tokens_per_s, r.prefill_gpu_ms);
+            println!(
+                "  weights {:.3} GB, KV cache {:.1} MB",
+                r.weight_bytes as f64 / 1e9,
+                r.kv_bytes as f64 / 1e6
+            );
+            println!(
+                "  prefill {} tokens: {:.0} tok/s (GPU {:.2} ms)",
+                r.prefill_tokens, r.prefill_tokens_per_s, r.prefill_gpu_ms
+            );
             println!(
                 "  decode {} tokens: {:.1} tok/s, {:.3} ms/token (GPU {:.3} ms), {} dispatches/token, CPU encode {:.0} us/token",
-                r.decode_tokens, r.decode_tokens_per_s, r.decode_ms_per_token, r.decode_gpu_ms_per_token, r.dispatches_per_token, r.cpu_encode_us_per_token
+                r.decode_tokens,
+                r.decode_tokens_per_s,
+                r.decode_ms_per_token,
+                r.decode_gpu_ms_per_token,
+                r.dispatches_per_token,
+                r.cpu_encode_us_per_token
             );
             println!(
                 "  {:.1} MB read per token, copy bandwidth {:.0} GB/s: {:.0}% of the bandwidth roofline",
-                r.bytes_per_token / 1e6, r.copy_gbps, 100.0 * r.roofline_fraction
+                r.bytes_per_token / 1e6,
+                r.copy_gbps,
+                100.0 * r.roofline_fraction
             );
             for (k, us) in &r.top_decode_kernels {
                 println!("    {k:<40} {us:>9.1} us/token");
@@ -74,16 +88,30 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     if args.what != "kernels" {
-        bail!("unknown benchmark '{}': try `drift bench kernels` or `drift bench llm`", args.what);
+        bail!(
+            "unknown benchmark '{}': try `drift bench kernels` or `drift bench llm`",
+            args.what
+        );
     }
     if !args.json {
-        println!("device: {} ({}), timing: {:?}", gpu.info.name, gpu.info.backend, drift_engine::profiler::Profiler::source(&gpu));
-        println!("{:<48} {:>11} {:>10} {:>10}  note", "case", "time (us)", "GB/s", "TFLOP/s");
+        println!(
+            "device: {} ({}), timing: {:?}",
+            gpu.info.name,
+            gpu.info.backend,
+            drift_engine::profiler::Profiler::source(&gpu)
+        );
+        println!(
+            "{:<48} {:>11} {:>10} {:>10}  note",
+            "case", "time (us)", "GB/s", "TFLOP/s"
+        );
     }
     let mut results = Vec::new();
     let mut report = |m: Measurement| {
         if !args.json {
-            println!("{:<48} {:>11.2} {:>10.1} {:>10.2}  {}", m.name, m.time_us, m.gbps, m.tflops, m.note);
+            println!(
+                "{:<48} {:>11.2} {:>10.1} {:>10.2}  {}",
+                m.name, m.time_us, m.gbps, m.tflops, m.note
+            );
         }
         results.push(m);
     };

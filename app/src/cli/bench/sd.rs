@@ -59,7 +59,15 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
         bail!("drift bench sd needs --random-weights (it measures the SD 1.5 shapes, not a file)");
     }
     let clip = ClipTextModel::random(gpu, ClipTextConfig::sd15(), Some(dtype), 1)?;
-    let text = clip.build(gpu, 2, &ClipRunOptions { clip_skip: 0, seq_len: None, out_dtype: None })?;
+    let text = clip.build(
+        gpu,
+        2,
+        &ClipRunOptions {
+            clip_skip: 0,
+            seq_len: None,
+            out_dtype: None,
+        },
+    )?;
     let text_us = time_sequence(gpu, &text.program.dispatches, 5)?;
     let (graph, io) = unet_graph(&cfg, 2, 64, 64, 77, dtype)?;
     let weights = random_weights(gpu, &graph.weights, dtype, 2)?;
@@ -79,7 +87,10 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
 pub fn print(r: &SdBench, steps: usize) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!("SD 1.5, 512x512");
-    for (name, p) in [("UNet (batch 2)", &r.unet_plan), ("VAE decoder", &r.vae_plan)] {
+    for (name, p) in [
+        ("UNet (batch 2)", &r.unet_plan),
+        ("VAE decoder", &r.vae_plan),
+    ] {
         println!(
             "  {name}: {} ops, activations naive {:.1} MiB -> planned {:.1} MiB (+ {:.1} MiB conv split-K scratch, {:.1} MiB inputs/outputs)",
             p.ops,
@@ -89,8 +100,15 @@ pub fn print(r: &SdBench, steps: usize) {
             mib(p.io_bytes)
         );
     }
-    if let (Some(t), Some(u), Some(v), Some(total)) = (r.text_encoder_ms, r.unet_step_ms, r.vae_decode_ms, r.total_ms) {
-        println!("  text encoder {t:.2} ms, UNet step {u:.2} ms, VAE decode {v:.2} ms; {steps} steps: {total:.0} ms");
+    if let (Some(t), Some(u), Some(v), Some(total)) = (
+        r.text_encoder_ms,
+        r.unet_step_ms,
+        r.vae_decode_ms,
+        r.total_ms,
+    ) {
+        println!(
+            "  text encoder {t:.2} ms, UNet step {u:.2} ms, VAE decode {v:.2} ms; {steps} steps: {total:.0} ms"
+        );
     }
     if let Some(p) = r.peak_vram_bytes {
         println!("  peak GPU memory {:.0} MiB", mib(p));

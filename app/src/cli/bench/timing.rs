@@ -27,7 +27,13 @@ pub fn time_sequence(gpu: &Gpu, dispatches: &[Dispatch], reps: usize) -> Result<
 }
 
 /// Times `dispatches` and turns their cost into GB/s and TFLOP/s.
-pub fn measure(gpu: &Gpu, name: &str, dispatches: &[Dispatch], reps: usize, note: &str) -> Result<Measurement> {
+pub fn measure(
+    gpu: &Gpu,
+    name: &str,
+    dispatches: &[Dispatch],
+    reps: usize,
+    note: &str,
+) -> Result<Measurement> {
     let us = time_sequence(gpu, dispatches, reps)?;
     let cost = dispatches.iter().fold(Cost::default(), |a, d| Cost {
         flops: a.flops + d.cost.flops,
