@@ -103,35 +103,7 @@ pub fn matvec_shards(
         }
         n += t.shape[0];
     }
-    let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
-    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
-    let out_ok =
-        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
-    if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
-        return Err(shape_err!(
-            "matvec: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
-            x.shape,
-            out.shape
-        ));
-    }
-    for (t, what) in [(x, "x"), (out, "out")] {
-        if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
-            return Err(shape_err!(
-                "matvec: {what} must be row-major f32 or f16, is {:?} {:?}",
-                t.dtype,
-                t.layout
-            ));
-        }
-    }
-    if let Some(b) = opts.bias
-        && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
-    {
-        return Err(shape_err!(
-            "matvec: bias must be [{n}] f32 or f16, is {:?} {:?}",
-            b.shape,
-            b.dtype
-        ));
-    }
+    let batch = check_io("matvec", x, out, opts.bias, n, k)?;
     let caps = &gpu.caps;
     let f16 = x.dtype == DType::F16
         || out.dtype == DType::F16
@@ -217,4 +189,46 @@ pub fn matvec_shards(
         )?);
     }
     Ok(ds)
+}
+
+/// Checks the activations of a matrix-vector product with a weight `[n, k]`: x `[B, k]` or `[k]`, out
+/// `[B, n]` or `[n]` (row-major f32 or f16, `1 <= B <= MAX_BATCH`), bias `[n]`. Returns B.
+pub(crate) fn check_io(
+    what: &str,
+    x: &Tensor,
+    out: &Tensor,
+    bias: Option<&Tensor>,
+    n: usize,
+    k: usize,
+) -> Result<usize> {
+    let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
+    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
+    let out_ok =
+        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
+    if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
+        return Err(shape_err!(
+            "{what}: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
+            x.shape,
+            out.shape
+        ));
+    }
+    for (t, name) in [(x, "x"), (out, "out")] {
+        if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
+            return Err(shape_err!(
+                "{what}: {name} must be row-major f32 or f16, is {:?} {:?}",
+                t.dtype,
+                t.layout
+            ));
+        }
+    }
+    if let Some(b) = bias
+        && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
+    {
+        return Err(shape_err!(
+            "{what}: bias must be [{n}] f32 or f16, is {:?} {:?}",
+            b.shape,
+            b.dtype
+        ));
+    }
+    Ok(batch)
 }

@@ -12,7 +12,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::matvec::{MatvecOptions, MatvecVariant, matvec};
+use crate::kernels::matvec::{MatvecOptions, MatvecVariant, check_io, matvec};
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
@@ -243,35 +243,7 @@ pub fn matvec_quant_shards_tuned(
     if n == 0 {
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
-    let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
-    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
-    let out_ok =
-        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
-    if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
-        return Err(shape_err!(
-            "matvec_quant: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
-            x.shape,
-            out.shape
-        ));
-    }
-    for (t, what) in [(x, "x"), (out, "out")] {
-        if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
-            return Err(shape_err!(
-                "matvec_quant: {what} must be row-major f32 or f16, is {:?} {:?}",
-                t.dtype,
-                t.layout
-            ));
-        }
-    }
-    if let Some(b) = opts.bias
-        && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
-    {
-        return Err(shape_err!(
-            "matvec_quant: bias must be [{n}] f32 or f16, is {:?} {:?}",
-            b.shape,
-            b.dtype
-        ));
-    }
+    let batch = check_io("matvec_quant", x, out, opts.bias, n, k)?;
     if !(1..=2).contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step) {
         return Err(shape_err!(
             "matvec_quant: tuning {tuning:?} out of range (rows 1 or 2, chunks 0, 1, 2 or 4)"
