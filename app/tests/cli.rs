@@ -223,3 +223,27 @@ fn image_writes_a_png_with_its_parameters() {
     assert!(!ok && err.contains("multiple"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_llm_measures_a_model_file() {
+    let (ok, out, err) = drift(&[
+        "bench",
+        "llm",
+        "--model",
+        &fixture("llama-gqa"),
+        "--prompt",
+        "6",
+        "--gen",
+        "4",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["decode_tokens"], 4);
+    assert!(
+        v["decode_tokens_per_s"].as_f64().unwrap() > 0.0
+            && v["dispatches_per_token"].as_u64().unwrap() > 10
+    );
+    let (ok, _, err) = drift(&["bench", "sd", "--plan-only", "--json"]);
+    assert!(ok, "{err}");
+}

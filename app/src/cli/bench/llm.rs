@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use drift_engine::generate::{GenerateOptions, LlmSession};
 use drift_engine::kernels::copy::copy;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights, QuantScheme};
+use drift_engine::models::load::open_llm;
 use drift_engine::models::shapes::{RandomWeights, ShapedRandom, llm_shape};
 use drift_engine::profiler::Profiler;
 use drift_engine::sampling::SamplingParams;
@@ -21,9 +22,12 @@ pub struct LlmBenchArgs {
     /// llm: smollm2-135m (default), llama-3.2-1b or llama-3.1-8b; sd: sd15 (default).
     #[arg(long)]
     pub shape: Option<String>,
-    /// Random weights at the shape's real sizes (the only mode: no model file is read).
+    /// Random weights at the shape's real sizes (no model file is read).
     #[arg(long)]
     pub random_weights: bool,
+    /// Measure a real model file (GGUF or a Hugging Face folder) instead of a shape.
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
     /// Prompt tokens to prefill.
     #[arg(long, default_value_t = 512)]
     pub prompt: usize,
@@ -58,31 +62,55 @@ pub struct LlmBench {
 }
 
 pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
-    if !a.random_weights {
-        bail!("drift bench llm needs --random-weights (it measures a shape, not a file)");
-    }
-    let shape = a.shape.clone().unwrap_or_else(|| "smollm2-135m".into());
-    let cfg = llm_shape(&shape)?;
     let t = Instant::now();
-    let src = ShapedRandom {
-        cfg: &cfg,
-        rng: RandomWeights { seed: 1 },
+    let quant = QuantScheme::parse(&a.quant)?;
+    let ctx = a.prompt + a.generate + 2;
+    let (shape, mut s) = match &a.model {
+        // A real model file: its own weights and quantisation (GGUF) or `--quant` (safetensors).
+        Some(path) => {
+            let mut s = open_llm(gpu, path, Some(ctx), quant)?;
+            if s.model.max_ctx < ctx {
+                bail!(
+                    "{} holds {} positions, the benchmark needs {ctx}",
+                    path.display(),
+                    s.model.max_ctx
+                );
+            }
+            // Generation must run its full length: no EOS.
+            s.eos.clear();
+            (
+                path.file_name()
+                    .map_or("model".into(), |f| f.to_string_lossy().into_owned()),
+                s,
+            )
+        }
+        None => {
+            if !a.random_weights {
+                bail!("drift bench llm needs --random-weights (a shape) or --model PATH (a file)");
+            }
+            let shape = a.shape.clone().unwrap_or_else(|| "smollm2-135m".into());
+            let cfg = llm_shape(&shape)?;
+            let src = ShapedRandom {
+                cfg: &cfg,
+                rng: RandomWeights { seed: 1 },
+            };
+            let w = LlamaWeights::load(gpu, &cfg, &src, quant)?;
+            let model = LlamaModel::new(gpu, cfg.clone(), w, ctx)?;
+            // A one-token vocabulary tokenizer stands in: the benchmark never detokenises meaningfully.
+            let tok = TextTokenizer::from_json(
+                r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#,
+            )?;
+            (shape, LlmSession::new(gpu, model, tok, None, vec![])?)
+        }
     };
-    let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::parse(&a.quant)?)?;
+    let cfg = s.model.cfg.clone();
     let weight_bytes = gpu.memory_report().bytes(Category::Weights);
+    let kv_bytes = gpu.memory_report().bytes(Category::KvCache);
     eprintln!(
         "weights: {:.2} GB in {:.1} s",
         weight_bytes as f64 / 1e9,
         t.elapsed().as_secs_f64()
     );
-    let ctx = a.prompt + a.generate + 2;
-    let model = LlamaModel::new(gpu, cfg.clone(), w, ctx)?;
-    let kv_bytes = gpu.memory_report().bytes(Category::KvCache);
-    // A one-token vocabulary tokenizer stands in: the benchmark never detokenises meaningfully.
-    let tok = TextTokenizer::from_json(
-        r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}"#,
-    )?;
-    let mut s = LlmSession::new(gpu, model, tok, None, vec![])?;
     let prompt: Vec<u32> = (0..a.prompt)
         .map(|i| (i * 7919 % cfg.vocab) as u32)
         .collect();
@@ -149,7 +177,11 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
     Ok(LlmBench {
         shape,
-        quant: a.quant.clone(),
+        quant: if a.model.is_some() {
+            "file".into()
+        } else {
+            a.quant.clone()
+        },
         device: gpu.info.name.clone(),
         weight_bytes,
         kv_bytes,
