@@ -62,6 +62,9 @@ pub struct LlmBench {
 }
 
 pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
+    if a.prompt == 0 || a.generate == 0 {
+        bail!("--prompt and --gen must be at least 1");
+    }
     let t = Instant::now();
     let quant = QuantScheme::parse(&a.quant)?;
     let ctx = a.prompt + a.generate + 2;
@@ -139,7 +142,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let cancel = AtomicBool::new(false);
     s.generate(
         gpu,
-        &prompt[..8],
+        &prompt[..prompt.len().min(8)],
         &GenerateOptions {
             max_tokens: 8,
             ..opts.clone()
