@@ -105,24 +105,7 @@ pub fn matvec_shards(
     }
     let batch = check_io("matvec", x, out, opts.bias, n, k)?;
     let caps = &gpu.caps;
-    let f16 = x.dtype == DType::F16
-        || out.dtype == DType::F16
-        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
-    if f16 && !caps.f16 {
-        return Err(DriftError::Unsupported(
-            "f16 activations on a device without shader-f16".into(),
-        ));
-    }
-    let sg = match opts.variant {
-        MatvecVariant::Auto => caps.subgroup,
-        MatvecVariant::Workgroup => false,
-        MatvecVariant::Subgroup if caps.subgroup => true,
-        MatvecVariant::Subgroup => {
-            return Err(DriftError::Unsupported(
-                "subgroup matvec on a device without subgroups".into(),
-            ));
-        }
-    };
+    let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
     // Eight rows per workgroup: eight subgroups where the size allows, else fewer subgroups looping.
     let wg = if sg {
         (ROWS_PER_WORKGROUP as u32 * caps.subgroup_max_size)
@@ -231,4 +214,34 @@ pub(crate) fn check_io(
         ));
     }
     Ok(batch)
+}
+
+/// Whether any activation is f16 (an error where the device has none) and whether rows reduce with
+/// subgroup operations (`opts.variant`, or the device's subgroup support for `Auto`).
+pub(crate) fn choose_reduction(
+    gpu: &Gpu,
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+) -> Result<(bool, bool)> {
+    let caps = &gpu.caps;
+    let f16 = x.dtype == DType::F16
+        || out.dtype == DType::F16
+        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
+    if f16 && !caps.f16 {
+        return Err(DriftError::Unsupported(
+            "f16 activations on a device without shader-f16".into(),
+        ));
+    }
+    let sg = match opts.variant {
+        MatvecVariant::Auto => caps.subgroup,
+        MatvecVariant::Workgroup => false,
+        MatvecVariant::Subgroup if caps.subgroup => true,
+        MatvecVariant::Subgroup => {
+            return Err(DriftError::Unsupported(
+                "subgroup matvec on a device without subgroups".into(),
+            ));
+        }
+    };
+    Ok((f16, sg))
 }

@@ -12,7 +12,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::matvec::{MatvecOptions, MatvecVariant, check_io, matvec};
+use crate::kernels::matvec::{MatvecOptions, check_io, choose_reduction, matvec};
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
@@ -258,24 +258,7 @@ pub fn matvec_quant_shards_tuned(
         u => u,
     };
     let caps = &gpu.caps;
-    let f16 = x.dtype == DType::F16
-        || out.dtype == DType::F16
-        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
-    if f16 && !caps.f16 {
-        return Err(DriftError::Unsupported(
-            "f16 activations on a device without shader-f16".into(),
-        ));
-    }
-    let sg = match opts.variant {
-        MatvecVariant::Auto => caps.subgroup,
-        MatvecVariant::Workgroup => false,
-        MatvecVariant::Subgroup if caps.subgroup => true,
-        MatvecVariant::Subgroup => {
-            return Err(DriftError::Unsupported(
-                "subgroup matvec on a device without subgroups".into(),
-            ));
-        }
-    };
+    let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
     // TEAMS subgroups where the size allows, else fewer subgroups looping over the teams.
     let wg = if sg {
         (TEAMS as u32 * caps.subgroup_max_size)
