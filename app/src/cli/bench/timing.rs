@@ -14,7 +14,12 @@ pub fn time_sequence(gpu: &Gpu, dispatches: &[Dispatch], reps: usize) -> Result<
     for _ in 0..reps.max(1) {
         program.extend(dispatches.iter().cloned());
     }
-    program.run(gpu)?; // warm-up: pipelines, caches, clocks
+    // Warm-up: pipelines, caches, and GPU clocks (short bursts on an idle GPU time it unramped).
+    let warm = std::time::Instant::now();
+    program.run(gpu)?;
+    while warm.elapsed() < std::time::Duration::from_millis(300) {
+        program.run(gpu)?;
+    }
     let profile = program.run_profiled(gpu, &mut Profiler::new())?;
     let n = dispatches.len();
     let mut per_rep: Vec<f64> = profile
