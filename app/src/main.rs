@@ -2,6 +2,7 @@
 
 mod cli;
 mod gui;
+mod hub;
 
 use clap::{Parser, Subcommand};
 

@@ -1,6 +1,9 @@
 //! The desktop window. eframe opens the device with Drift's features; the engine adopts that same
 //! adapter/device/queue, so the UI and inference share one GPU device.
 
+mod chat;
+mod llm_worker;
+
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
@@ -38,25 +41,42 @@ pub fn run() -> Result<()> {
                 .wgpu_render_state
                 .as_ref()
                 .ok_or("eframe started without its wgpu renderer")?;
-            let gpu = Gpu::adopt(rs.adapter.clone(), rs.device.clone(), rs.queue.clone());
-            Ok(Box::new(DriftApp::new(Arc::new(gpu))))
+            let gpu = Arc::new(Gpu::adopt(
+                rs.adapter.clone(),
+                rs.device.clone(),
+                rs.queue.clone(),
+            ));
+            let worker = llm_worker::LlmWorker::spawn(gpu.clone(), cc.egui_ctx.clone());
+            Ok(Box::new(DriftApp::new(gpu, worker)))
         }),
     )
     .map_err(|e| anyhow!("could not open the window: {e}"))
 }
 
-/// The window until the chat/image/performance tabs land: the device, its features, live GPU memory,
-/// and the kernel self-test run on a worker thread on eframe's own device.
+#[derive(PartialEq)]
+enum Tab {
+    Chat,
+    Device,
+}
+
+/// The window: a Chat tab (models run on the LLM worker thread) and a Device tab (features, live GPU
+/// memory, the kernel self-test on eframe's own device).
 struct DriftApp {
     gpu: Arc<Gpu>,
+    tab: Tab,
+    chat: chat::ChatPanel,
+    worker: llm_worker::LlmWorker,
     selftest: Option<std::sync::mpsc::Receiver<String>>,
     selftest_result: Option<String>,
 }
 
 impl DriftApp {
-    fn new(gpu: Arc<Gpu>) -> DriftApp {
+    fn new(gpu: Arc<Gpu>, worker: llm_worker::LlmWorker) -> DriftApp {
         DriftApp {
             gpu,
+            tab: Tab::Chat,
+            chat: chat::ChatPanel::default(),
+            worker,
             selftest: None,
             selftest_result: None,
         }
@@ -98,9 +118,31 @@ impl eframe::App for DriftApp {
             self.selftest_result = Some(msg);
             self.selftest = None;
         }
+        self.chat.poll(&self.worker);
         let d = self.gpu.describe();
+        egui::Panel::top("tabs").show(ui, |ui| {
+            ui.horizontal(|ui| {
+                ui.heading("Drift");
+                ui.selectable_value(&mut self.tab, Tab::Chat, "Chat");
+                ui.selectable_value(&mut self.tab, Tab::Device, "Device");
+            });
+        });
+        let m = self.gpu.memory_report();
+        egui::Panel::bottom("status").show(ui, |ui| {
+            ui.horizontal(|ui| {
+                ui.label(format!("{} ({})", d.name, d.backend));
+                ui.separator();
+                ui.label(format!(
+                    "GPU memory used by Drift: {:.1} MiB",
+                    m.total_bytes as f64 / 1048576.0
+                ));
+            });
+        });
+        if self.tab == Tab::Chat {
+            egui::CentralPanel::default().show(ui, |ui| self.chat.ui(ui, &self.worker));
+            return;
+        }
         egui::CentralPanel::default().show(ui, |ui| {
-            ui.heading("Drift");
             ui.label(format!(
                 "GPU: {} ({}, {})",
                 d.name, d.backend, d.device_type
