@@ -9,6 +9,7 @@ use drift_engine::kernels::elementwise::{BinaryOp, binary};
 use drift_engine::kernels::matmul::{MatmulOptions, MatmulVariant, matmul};
 use drift_engine::kernels::matvec::{MatvecOptions, matvec};
 use drift_engine::kernels::norm::{GroupNormOptions, groupnorm, rmsnorm};
+use drift_engine::kernels::quant::matvec_quant;
 use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
 use drift_engine::{Category, DType, Gpu, Program};
 
@@ -90,6 +91,29 @@ pub fn run_all(
             gpu,
             &name,
             &matvec(gpu, &w, &x, &o, &MatvecOptions::default())?,
+            reps,
+            "",
+        )?;
+        let note = pct(&m);
+        report(Measurement { note, ..m });
+    }
+    // Decode with quantized weights (blocks dequantized in registers): bytes are the blocks read.
+    for (dtype, n, k) in [
+        (DType::Q4_0, 4096usize, 14336usize),
+        (DType::Q4_0, 14336, 4096),
+        (DType::Q8_0, 4096, 14336),
+        (DType::Q8_0, 14336, 4096),
+    ] {
+        let name = format!("matvec {dtype:?} {n}x{k}").to_lowercase();
+        if !wanted(&name) {
+            continue;
+        }
+        let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
+        let (x, o) = (act(&[1, k], DType::F32)?, act(&[1, n], DType::F32)?);
+        let m = measure(
+            gpu,
+            &name,
+            &matvec_quant(gpu, &w, &x, &o, &MatvecOptions::default())?,
             reps,
             "",
         )?;
