@@ -5,7 +5,6 @@
 // Specialisation:
 //   TT, TO     element types of table and out (f32|f16); F16 when either is f16
 //   VEC4       table and out bound as vec4 arrays (dim % 4 == 0 and both base offsets % 4 == 0)
-//   ACC_IDS    "read", or "read_write" when ids share a buffer with out
 #if F16
 enable f16;
 #endif
@@ -33,7 +32,7 @@ const VW: u32 = 4u;
 alias VO = {{TO}};
 const VW: u32 = 1u;
 #endif
-@group(0) @binding(2) var<storage, {{ACC_IDS}}> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
 
 // A workgroup copies up to 4 * 256 vectors of one token's row: the id is read once per thread and
 // the four loads are issued before the stores.

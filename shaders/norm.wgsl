@@ -13,7 +13,6 @@
 //            sum, out; F16 if any is f16; TW, TB: gamma and beta scalar types for GroupNorm
 //   GAMMA, BETA              layernorm's optional affine parameters are bound
 //   VEC4     every tensor bound as vec4 arrays (n % 4 == 0 and all base offsets % 4 == 0)
-//   ACC_X, ACC_R             "read", or "read_write" for an input that shares a buffer with an output
 //   SGROW, SG, WG, RPW, CACHE, PER   row mapping, as in softmax.wgsl
 //   ROWNORM                  the three row norms above (entry `norm`)
 //
@@ -52,19 +51,19 @@ struct Params {
 // Bindings, in the order the builders pass the tensors; VX, VR, VW_, VB, VS, VO are the element
 // types, vec4<T> or T.
 #if KIND_RMS
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{VX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{VX}}>;
 @group(0) @binding(2) var<storage, read> w: array<{{VW_}}>;
 @group(0) @binding(3) var<storage, read_write> out: array<{{VO}}>;
 #endif
 #if KIND_ADD
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{VX}}>;
-@group(0) @binding(2) var<storage, {{ACC_R}}> res: array<{{VR}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{VX}}>;
+@group(0) @binding(2) var<storage, read> res: array<{{VR}}>;
 @group(0) @binding(3) var<storage, read> w: array<{{VW_}}>;
 @group(0) @binding(4) var<storage, read_write> sum: array<{{VS}}>;
 @group(0) @binding(5) var<storage, read_write> out: array<{{VO}}>;
 #endif
 #if KIND_LN
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{VX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{VX}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{VO}}>;
 #if GAMMA
 @group(0) @binding(3) var<storage, read> w: array<{{VW_}}>;
@@ -307,7 +306,7 @@ struct Params {
     n_seg: u32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{VX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{VX}}>;
 @group(0) @binding(2) var<storage, read_write> part: array<vec4<f32>>;
 #endif
 
@@ -325,7 +324,7 @@ struct Params {
     eps: f32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{VX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{VX}}>;
 @group(0) @binding(2) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> gm: array<{{TW}}>;
 @group(0) @binding(4) var<storage, read> bt: array<{{TB}}>;

@@ -15,7 +15,6 @@
 //   INTERLEAVED    pairing style
 //   INPLACE        out is x: only rotated pairs are touched
 //   FACTORS        freq_factors bound (llama3 scaling: inv_freq[k] / factors[k])
-//   ACC_X, ACC_POS "read", or "read_write" for an input that shares a buffer with out
 //   HPT            heads per thread (the angle is computed once for them)
 //   VEC4           x and out bound as vec4 arrays; a slot is one vec4 (2 pairs, interleaved) or one
 //                  vec4 from each half (4 pairs, half-split); else a slot is one pair of scalars
@@ -33,11 +32,11 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 #if VEC4
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<vec4<{{TX}}>>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<{{TX}}>>;
 #else
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{TX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{TX}}>;
 #endif
-@group(0) @binding(2) var<storage, {{ACC_POS}}> pos: array<u32>;
+@group(0) @binding(2) var<storage, read> pos: array<u32>;
 @group(0) @binding(3) var<storage, read> tab: array<vec2<f32>>;
 #if VEC4
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<{{TO}}>>;

@@ -6,8 +6,6 @@
 // Specialisation:
 //   TX, TO   element types of x and out (f32|f16); F16 when either is f16
 //   VEC4     x and out are bound as vec4 arrays (n % 4 == 0 and both base offsets % 4 == 0)
-//   ACC_X    "read", or "read_write" when x shares a buffer with out (wgpu rejects a read-only and a
-//            writable binding of one buffer in the same dispatch)
 //   SGROW    one subgroup per row, RPW rows per workgroup (no barriers at all)
 //   SG       subgroup builtins available; without SGROW: one workgroup per row, subgroup reductions
 //            merged through workgroup memory. Neither: one workgroup per row, workgroup-memory tree.
@@ -25,7 +23,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 #if VEC4
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<vec4<{{TX}}>>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<{{TX}}>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<{{TO}}>>;
 alias V = vec4<f32>;
 alias VO = vec4<{{TO}}>;
@@ -35,7 +33,7 @@ fn hsum(v: V) -> f32 { return (v.x + v.y) + (v.z + v.w); }
 // Which of the 4 values of vector `v` lie below `limit`.
 fn below(v: u32, limit: u32) -> vec4<bool> { return vec4<u32>(v * 4u) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(limit); }
 #else
-@group(0) @binding(1) var<storage, {{ACC_X}}> x: array<{{TX}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{TX}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{TO}}>;
 alias V = f32;
 alias VO = {{TO}};

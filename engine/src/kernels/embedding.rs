@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::softmax::{float_dtype, input_access, vec4_ok};
+use crate::kernels::softmax::{float_dtype, vec4_ok};
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, RowShard, Tensor};
 use crate::{shader, shape_err};
@@ -105,8 +105,7 @@ pub fn embedding_shards(
             .define("TT", tt.wgsl())
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(tt == DType::F16 || out.dtype == DType::F16))
-            .define("VEC4", u8::from(vec4))
-            .define("ACC_IDS", input_access(ids, &[out]));
+            .define("VEC4", u8::from(vec4));
         let kernel = gpu.kernel(&spec)?;
         let blocks = (dim / vw).div_ceil(1024);
         // Each shard reads the ids and its share of rows; a full copy's worth over all shards.

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
 use crate::kernels::softmax::{
-    RowPlan, RowVariant, float_dtype, input_access, partial_overlap, plan_rows, vec4_ok,
+    RowPlan, RowVariant, float_dtype, partial_overlap, plan_rows, vec4_ok,
 };
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
@@ -94,8 +94,7 @@ pub fn rmsnorm(
         .define("KIND_RMS", 1)
         .define("VX", vt(x.dtype, vec4))
         .define("VW_", vt(weight.dtype, vec4))
-        .define("VO", vt(out.dtype, vec4))
-        .define("ACC_X", input_access(x, &[out]));
+        .define("VO", vt(out.dtype, vec4));
     let kernel = gpu.kernel(&spec)?;
     let numel = (rows * n) as f64;
     gpu.dispatch(
@@ -152,9 +151,7 @@ pub fn add_rmsnorm(
     .define("VR", vt(residual.dtype, vec4))
     .define("VW_", vt(weight.dtype, vec4))
     .define("VS", vt(sum_out.dtype, vec4))
-    .define("VO", vt(norm_out.dtype, vec4))
-    .define("ACC_X", input_access(x, &[sum_out, norm_out]))
-    .define("ACC_R", input_access(residual, &[sum_out, norm_out]));
+    .define("VO", vt(norm_out.dtype, vec4));
     let kernel = gpu.kernel(&spec)?;
     let numel = (rows * n) as f64;
     let eb = x.elem_bytes() + residual.elem_bytes() + sum_out.elem_bytes() + norm_out.elem_bytes();
@@ -197,7 +194,6 @@ pub fn layernorm(
         .define("KIND_LN", 1)
         .define("VX", vt(x.dtype, vec4))
         .define("VO", vt(out.dtype, vec4))
-        .define("ACC_X", input_access(x, &[out]))
         .define("GAMMA", u8::from(gamma.is_some()))
         .define("BETA", u8::from(beta.is_some()));
     if let Some(g) = gamma {
@@ -316,7 +312,6 @@ pub fn groupnorm(
         DType::F32,
         Category::Activations,
     )?;
-    let acc_x = input_access(x, &[out, &part]);
     let common = |kind: &'static str, name: String| {
         KernelSpec::new(name, shader!("norm.wgsl"), kind)
             .define(
@@ -331,7 +326,6 @@ pub fn groupnorm(
             .define("VEC4", u8::from(vec4))
             .define("WG", GN_WG)
             .define("VX", vt(x.dtype, vec4))
-            .define("ACC_X", acc_x)
     };
     let v4 = if vec4 { "_v4" } else { "" };
     let stats = gpu.kernel(&common(

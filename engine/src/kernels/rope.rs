@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::softmax::{base_elems, float_dtype, input_access, partial_overlap};
+use crate::kernels::softmax::{base_elems, float_dtype, partial_overlap};
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
@@ -177,8 +177,6 @@ pub fn rope(
         .define("INTERLEAVED", u8::from(interleaved))
         .define("INPLACE", u8::from(inplace))
         .define("FACTORS", u8::from(opts.freq_factors.is_some()))
-        .define("ACC_X", input_access(x, &[out]))
-        .define("ACC_POS", input_access(positions, &[out]))
         .define("HPT", HEADS_PER_THREAD)
         .define("VEC4", u8::from(vec4));
     if let Some(f) = opts.freq_factors {

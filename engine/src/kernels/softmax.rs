@@ -168,16 +168,6 @@ pub fn vec4_ok(gpu: &Gpu, n: usize, tensors: &[&Tensor]) -> Result<bool> {
     Ok(true)
 }
 
-/// The WGSL access mode for an input: wgpu rejects a buffer bound both read-only and writable in one
-/// dispatch, so an input that lives in the same buffer as any output (in place, or an arena) is bound
-/// `read_write` too.
-pub fn input_access(input: &Tensor, outputs: &[&Tensor]) -> &'static str {
-    let shared = outputs
-        .iter()
-        .any(|o| std::sync::Arc::ptr_eq(&o.storage.buffer, &input.storage.buffer));
-    if shared { "read_write" } else { "read" }
-}
-
 /// Errors unless `t` is f32 or f16.
 pub fn float_dtype(what: &str, t: &Tensor) -> Result<()> {
     match t.dtype {
@@ -239,7 +229,6 @@ pub fn softmax(gpu: &Gpu, x: &Tensor, out: &Tensor, opts: &SoftmaxOptions) -> Re
             u8::from(x.dtype == DType::F16 || out.dtype == DType::F16),
         )
         .define("VEC4", u8::from(vec4))
-        .define("ACC_X", input_access(x, &[out]))
         .defines(plan.defines());
     let kernel = gpu.kernel(&spec)?;
     // Values actually read: with a causal mask, row r reads only its unmasked prefix.
