@@ -154,15 +154,7 @@ pub fn matvec_shards(
         let params = [rows as u32, k as u32, n as u32, sh.row_start as u32];
         let mut tensors = vec![w, x, out];
         tensors.extend(opts.bias);
-        let cost = Cost {
-            flops: 2.0 * (batch * rows * k) as f64,
-            bytes: (rows * k) as f64 * w.elem_bytes() as f64
-                + (batch * k) as f64 * x.elem_bytes() as f64
-                + (batch * rows) as f64 * out.elem_bytes() as f64
-                + opts
-                    .bias
-                    .map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
-        };
+        let cost = matvec_cost(w.byte_len(), batch, rows, k, x, out, opts.bias);
         ds.push(gpu.dispatch(
             &kernel,
             &params,
@@ -244,4 +236,23 @@ pub(crate) fn choose_reduction(
         }
     };
     Ok((f16, sg))
+}
+
+/// Work of one matrix-vector dispatch: `weight_bytes` of weights read once, x read, out written.
+pub(crate) fn matvec_cost(
+    weight_bytes: u64,
+    batch: usize,
+    rows: usize,
+    k: usize,
+    x: &Tensor,
+    out: &Tensor,
+    bias: Option<&Tensor>,
+) -> Cost {
+    Cost {
+        flops: 2.0 * (batch * rows * k) as f64,
+        bytes: weight_bytes as f64
+            + (batch * k) as f64 * x.elem_bytes() as f64
+            + (batch * rows) as f64 * out.elem_bytes() as f64
+            + bias.map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
+    }
 }

@@ -12,7 +12,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::matvec::{MatvecOptions, check_io, choose_reduction, matvec};
+use crate::kernels::matvec::{MatvecOptions, check_io, choose_reduction, matvec, matvec_cost};
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
@@ -329,15 +329,7 @@ pub fn matvec_quant_shards_tuned(
         ];
         let mut tensors = vec![&wv, x, out];
         tensors.extend(opts.bias);
-        let cost = Cost {
-            flops: 2.0 * (batch * rows * k) as f64,
-            bytes: sh.tensor.storage.len as f64
-                + (batch * k) as f64 * x.elem_bytes() as f64
-                + (batch * rows) as f64 * out.elem_bytes() as f64
-                + opts
-                    .bias
-                    .map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
-        };
+        let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts.bias);
         ds.push(gpu.dispatch(
             &kernel,
             &params,
