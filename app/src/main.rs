@@ -3,6 +3,8 @@
 mod cli;
 mod gui;
 mod hub;
+mod paths;
+mod settings;
 
 use clap::{Parser, Subcommand};
 

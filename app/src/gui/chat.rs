@@ -6,9 +6,11 @@ use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
 use eframe::egui;
 
+use super::AppContext;
 use super::llm_worker::{Command, Event, LlmWorker};
 
 pub struct ChatPanel {
+    worker: LlmWorker,
     model_path: String,
     loaded: Option<String>,
     loading: bool,
@@ -21,9 +23,10 @@ pub struct ChatPanel {
     max_tokens: usize,
 }
 
-impl Default for ChatPanel {
-    fn default() -> ChatPanel {
+impl ChatPanel {
+    pub fn new(app: &AppContext) -> ChatPanel {
         ChatPanel {
+            worker: LlmWorker::spawn(app.gpu.clone(), app.egui_ctx.clone()),
             model_path: String::new(),
             loaded: None,
             loading: false,
@@ -40,8 +43,8 @@ impl Default for ChatPanel {
 
 impl ChatPanel {
     /// Applies what the worker sent since the last frame.
-    pub fn poll(&mut self, worker: &LlmWorker) {
-        while let Ok(ev) = worker.events.try_recv() {
+    pub fn poll(&mut self, _app: &mut AppContext) {
+        while let Ok(ev) = self.worker.events.try_recv() {
             match ev {
                 Event::Loaded(name) => {
                     self.loaded = Some(name);
@@ -85,7 +88,7 @@ impl ChatPanel {
         }
     }
 
-    pub fn ui(&mut self, ui: &mut egui::Ui, worker: &LlmWorker) {
+    pub fn ui(&mut self, ui: &mut egui::Ui, _app: &mut AppContext) {
         ui.horizontal(|ui| {
             let label = ui.label("Model");
             ui.add(
@@ -101,7 +104,8 @@ impl ChatPanel {
             {
                 self.loading = true;
                 self.error = None;
-                worker.send(Command::Load(self.model_path.trim().into()));
+                self.worker
+                    .send(Command::Load(self.model_path.trim().into()));
             }
             if self.loading {
                 ui.spinner();
@@ -161,20 +165,20 @@ impl ChatPanel {
                 && ui.input(|i| i.key_pressed(egui::Key::Enter) && !i.modifiers.shift);
             if self.generating {
                 if ui.button("Stop").clicked() {
-                    worker
+                    self.worker
                         .cancel
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             } else {
                 let ready = self.loaded.is_some() && !self.input.trim().is_empty();
                 if ui.add_enabled(ready, egui::Button::new("Send")).clicked() || (enter && ready) {
-                    self.send(worker);
+                    self.send();
                 }
             }
         });
     }
 
-    fn send(&mut self, worker: &LlmWorker) {
+    fn send(&mut self) {
         let text = self.input.trim().to_string();
         self.input.clear();
         self.error = None;
@@ -191,6 +195,6 @@ impl ChatPanel {
             max_tokens: self.max_tokens,
             stop: vec![],
         };
-        worker.send(Command::Generate(convo, opts));
+        self.worker.send(Command::Generate(convo, opts));
     }
 }

@@ -2,13 +2,25 @@
 //! adapter/device/queue, so the UI and inference share one GPU device.
 
 mod chat;
+mod gpu_queue;
+mod image;
 mod llm_worker;
+mod models;
+mod perf_log;
+mod performance;
+#[cfg(test)]
+mod shell_tests;
+#[cfg(test)]
+mod test_support;
 
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
 use drift_engine::Gpu;
 use eframe::egui;
+
+use crate::paths::Paths;
+use crate::settings::Settings;
 
 pub fn run() -> Result<()> {
     let mut setup = eframe::egui_wgpu::WgpuSetupCreateNew::without_display_handle();
@@ -46,149 +58,134 @@ pub fn run() -> Result<()> {
                 rs.device.clone(),
                 rs.queue.clone(),
             ));
-            let worker = llm_worker::LlmWorker::spawn(gpu.clone(), cc.egui_ctx.clone());
-            Ok(Box::new(DriftApp::new(gpu, worker)))
+            let app = AppContext::new(gpu, Paths::from_env(), cc.egui_ctx.clone());
+            Ok(Box::new(DriftApp::new(app)))
         }),
     )
     .map_err(|e| anyhow!("could not open the window: {e}"))
 }
 
-#[derive(PartialEq)]
-enum Tab {
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Tab {
     Chat,
-    Device,
+    Image,
+    Models,
+    Performance,
 }
 
-/// The window: a Chat tab (models run on the LLM worker thread) and a Device tab (features, live GPU
-/// memory, the kernel self-test on eframe's own device).
-struct DriftApp {
-    gpu: Arc<Gpu>,
-    tab: Tab,
-    chat: chat::ChatPanel,
-    worker: llm_worker::LlmWorker,
-    selftest: Option<std::sync::mpsc::Receiver<String>>,
-    selftest_result: Option<String>,
+/// What every panel may use: the shared GPU device, where files live, settings, the queue that runs GPU
+/// jobs one at a time, the performance log the workers fill, and a one-line "what is running" status.
+pub struct AppContext {
+    pub gpu: Arc<Gpu>,
+    pub paths: Paths,
+    pub settings: Settings,
+    pub gpu_queue: gpu_queue::GpuQueue,
+    pub perf: perf_log::SharedPerfLog,
+    pub egui_ctx: egui::Context,
+    /// Set by panels each frame when they have work in flight (shown in the status bar).
+    pub activity: Vec<String>,
+    /// A panel may ask to switch tabs (e.g. an empty state pointing to Models).
+    pub goto: Option<Tab>,
+}
+
+impl AppContext {
+    pub fn new(gpu: Arc<Gpu>, paths: Paths, egui_ctx: egui::Context) -> AppContext {
+        let settings = Settings::load(&paths);
+        AppContext {
+            gpu,
+            paths,
+            settings,
+            gpu_queue: gpu_queue::GpuQueue::default(),
+            perf: Default::default(),
+            egui_ctx,
+            activity: Vec::new(),
+            goto: None,
+        }
+    }
+
+    pub fn save_settings(&self) {
+        if let Err(e) = self.settings.save(&self.paths) {
+            log::warn!("could not save settings: {e}");
+        }
+    }
+}
+
+/// The window: Chat, Image, Models and Performance tabs over one shared GPU device, a status bar.
+pub struct DriftApp {
+    pub app: AppContext,
+    pub tab: Tab,
+    pub chat: chat::ChatPanel,
+    pub image: image::ImagePanel,
+    pub models: models::ModelsPanel,
+    pub performance: performance::PerformancePanel,
 }
 
 impl DriftApp {
-    fn new(gpu: Arc<Gpu>, worker: llm_worker::LlmWorker) -> DriftApp {
+    pub fn new(app: AppContext) -> DriftApp {
         DriftApp {
-            gpu,
+            chat: chat::ChatPanel::new(&app),
+            image: image::ImagePanel::new(&app),
+            models: models::ModelsPanel::new(&app),
+            performance: performance::PerformancePanel::new(&app),
+            app,
             tab: Tab::Chat,
-            chat: chat::ChatPanel::default(),
-            worker,
-            selftest: None,
-            selftest_result: None,
         }
     }
 
-    fn start_selftest(&mut self, ctx: &egui::Context) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let gpu = self.gpu.clone();
-        let ctx = ctx.clone();
-        std::thread::spawn(move || {
-            let (mut rng, seed) = drift_engine::selftest::rng();
-            let msg = match drift_engine::selftest::run_all(&gpu, &mut rng) {
-                Ok(checks) => {
-                    let failed: Vec<_> = checks.iter().filter(|c| !c.passed).collect();
-                    let mut m = format!(
-                        "{} checks, {} failed (seed {seed})",
-                        checks.len(),
-                        failed.len()
-                    );
-                    for c in failed.iter().take(5) {
-                        m.push_str(&format!("\n{c}"));
-                    }
-                    m
-                }
-                Err(e) => format!("self-test error: {e}"),
-            };
-            let _ = tx.send(msg);
-            ctx.request_repaint();
-        });
-        self.selftest = Some(rx);
-    }
-}
-
-impl eframe::App for DriftApp {
-    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
-        if let Some(rx) = &self.selftest
-            && let Ok(msg) = rx.try_recv()
-        {
-            self.selftest_result = Some(msg);
-            self.selftest = None;
-        }
-        self.chat.poll(&self.worker);
-        let d = self.gpu.describe();
+    /// One frame of the whole window (eframe calls it; tests call it through egui_kittest).
+    pub fn show(&mut self, ui: &mut egui::Ui) {
+        self.app.activity.clear();
+        // Workers' results are applied every frame, whichever tab is visible.
+        self.chat.poll(&mut self.app);
+        self.image.poll(&mut self.app);
+        self.models.poll(&mut self.app);
+        self.performance.poll(&mut self.app);
         egui::Panel::top("tabs").show(ui, |ui| {
             ui.horizontal(|ui| {
                 ui.heading("Drift");
-                ui.selectable_value(&mut self.tab, Tab::Chat, "Chat");
-                ui.selectable_value(&mut self.tab, Tab::Device, "Device");
+                for (tab, name) in [
+                    (Tab::Chat, "Chat"),
+                    (Tab::Image, "Image"),
+                    (Tab::Models, "Models"),
+                    (Tab::Performance, "Performance"),
+                ] {
+                    ui.selectable_value(&mut self.tab, tab, name);
+                }
             });
         });
-        let m = self.gpu.memory_report();
+        let d = self.app.gpu.describe();
+        let m = self.app.gpu.memory_report();
         egui::Panel::bottom("status").show(ui, |ui| {
             ui.horizontal(|ui| {
                 ui.label(format!("{} ({})", d.name, d.backend));
                 ui.separator();
                 ui.label(format!(
-                    "GPU memory used by Drift: {:.1} MiB",
+                    "VRAM used by Drift: {:.1} MiB",
                     m.total_bytes as f64 / 1048576.0
                 ));
-            });
-        });
-        if self.tab == Tab::Chat {
-            egui::CentralPanel::default().show(ui, |ui| self.chat.ui(ui, &self.worker));
-            return;
-        }
-        egui::CentralPanel::default().show(ui, |ui| {
-            ui.label(format!(
-                "GPU: {} ({}, {})",
-                d.name, d.backend, d.device_type
-            ));
-            ui.separator();
-            egui::Grid::new("features").striped(true).show(ui, |ui| {
-                for f in &d.features {
-                    ui.label(f.name);
-                    ui.label(if f.present { "yes" } else { "no" });
-                    ui.end_row();
-                }
-            });
-            ui.separator();
-            let m = self.gpu.memory_report();
-            ui.label(format!(
-                "GPU memory used by Drift: {:.1} MiB",
-                m.total_bytes as f64 / 1048576.0
-            ));
-            egui::Grid::new("memory").show(ui, |ui| {
-                for c in &m.categories {
-                    ui.label(c.name);
-                    ui.label(format!(
-                        "{:.1} MiB (peak {:.1})",
-                        c.bytes as f64 / 1048576.0,
-                        c.peak_bytes as f64 / 1048576.0
-                    ));
-                    ui.end_row();
-                }
-            });
-            ui.separator();
-            let running = self.selftest.is_some();
-            if ui
-                .add_enabled(!running, egui::Button::new("Run kernel self-test"))
-                .clicked()
-            {
-                self.start_selftest(ui.ctx());
-            }
-            if running {
-                ui.horizontal(|ui| {
+                ui.separator();
+                if self.app.activity.is_empty() {
+                    ui.label("idle");
+                } else {
                     ui.spinner();
-                    ui.label("checking every kernel against CPU references...");
-                });
-            }
-            if let Some(r) = &self.selftest_result {
-                ui.label(r);
-            }
+                    ui.label(self.app.activity.join(" · "));
+                }
+            });
         });
+        egui::CentralPanel::default().show(ui, |ui| match self.tab {
+            Tab::Chat => self.chat.ui(ui, &mut self.app),
+            Tab::Image => self.image.ui(ui, &mut self.app),
+            Tab::Models => self.models.ui(ui, &mut self.app),
+            Tab::Performance => self.performance.ui(ui, &mut self.app),
+        });
+        if let Some(tab) = self.app.goto.take() {
+            self.tab = tab;
+        }
+    }
+}
+
+impl eframe::App for DriftApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.show(ui);
     }
 }
