@@ -119,7 +119,9 @@ impl LlamaModel {
             ids: u32s("ids", max_ctx + 1)?,
             history: u32s("history", max_ctx + 1)?,
             logits: gpu.tensor("logits", &[1, cfg.vocab], DType::F32, Category::Activations)?,
-            decode_acts: Activations::new(gpu, &cfg, 1, DType::F32)?,
+            // Decode activations in the weights' dtype (f16 on most GPUs): the matrix-vector kernels read x
+            // once per row group, so its width costs as much bandwidth as the blocks themselves.
+            decode_acts: Activations::new(gpu, &cfg, 1, w.dtype)?,
             decode: None,
             scratch,
             kv,

@@ -184,11 +184,28 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
             values.len()
         )));
     }
-    match dtype {
-        DType::Q8_0 => Ok(quantize_q8_0(values)),
-        DType::Q4_0 => Ok(quantize_q4_0(values)),
-        other => Err(DriftError::Unsupported(format!("quantising to {other:?}"))),
+    let f: fn(&[f32]) -> Vec<u8> = match dtype {
+        DType::Q8_0 => quantize_q8_0,
+        DType::Q4_0 => quantize_q4_0,
+        other => return Err(DriftError::Unsupported(format!("quantising to {other:?}"))),
+    };
+    // Blocks are independent: large tensors (an 8B model's on load) are split over the CPU's cores.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = values.len().div_ceil(threads).div_ceil(32) * 32;
+    if threads == 1 || values.len() < (1 << 20) {
+        return Ok(f(values));
     }
+    let parts: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = values
+            .chunks(per)
+            .map(|c| s.spawn(move || f(c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("quantizer thread"))
+            .collect()
+    });
+    Ok(parts.concat())
 }
 
 /// `out[b, n] = sum_k w[n, k] x[b, k] (+ bias[n])` in f64, for dequantised weights `w` ([N, K]).
@@ -229,6 +246,15 @@ pub fn abs_dot_max(w: &[f32], x: &[f32], batch: usize, n: usize, k: usize) -> f6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threaded_quantization_equals_one_pass() {
+        // Over the threading threshold, with a length that splits unevenly over the threads.
+        let n = (1 << 21) + 32 * 7;
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1013) as f32 / 500.0 - 1.0).collect();
+        assert_eq!(quantize(DType::Q4_0, &x).unwrap(), quantize_q4_0(&x));
+        assert_eq!(quantize(DType::Q8_0, &x).unwrap(), quantize_q8_0(&x));
+    }
 
     #[test]
     fn round_trips_are_close() {

@@ -129,7 +129,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 w_rows_before: 1,
                 max_shard_bytes: Some(4 * dtype.bytes_for(odd_k)? + 256),
                 tuning: QuantTuning {
-                    rows_per_team: 2,
+                    rows_per_team: if dtype.block_elems() == 32 { 4 } else { 1 },
                     chunks_per_step: 1,
                     trusted: dtype != DType::Q4_0,
                 },

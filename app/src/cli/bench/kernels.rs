@@ -9,7 +9,7 @@ use drift_engine::kernels::elementwise::{BinaryOp, binary};
 use drift_engine::kernels::matmul::{MatmulOptions, MatmulVariant, matmul};
 use drift_engine::kernels::matvec::{MatvecOptions, matvec};
 use drift_engine::kernels::norm::{GroupNormOptions, groupnorm, rmsnorm};
-use drift_engine::kernels::quant::matvec_quant;
+use drift_engine::kernels::quant::{QuantTuning, matvec_quant, matvec_quant_tuned};
 use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
 use drift_engine::{Category, DType, Gpu, Program};
 
@@ -119,6 +119,40 @@ pub fn run_all(
         )?;
         let note = pct(&m);
         report(Measurement { note, ..m });
+    }
+    // Tuning sweep of the quantized matvec (only when the filter asks for "sweep").
+    if filter.is_some_and(|f| f.contains("sweep")) {
+        for dtype in [DType::Q4_0, DType::Q8_0] {
+            let (n, k) = (14336usize, 4096usize);
+            let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
+            for xdt in [DType::F32, DType::F16] {
+                let (x, o) = (act(&[1, k], xdt)?, act(&[1, n], xdt)?);
+                for (r, u, trusted) in [
+                    (1, 4, false),
+                    (2, 1, true),
+                    (2, 2, true),
+                    (4, 1, true),
+                    (4, 2, true),
+                    (4, 4, true),
+                ] {
+                    let tuning = QuantTuning {
+                        rows_per_team: r,
+                        chunks_per_step: u,
+                        trusted,
+                    };
+                    let name = format!("sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}", u8::from(trusted));
+                    let m = measure(
+                        gpu,
+                        &name,
+                        &matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), tuning)?,
+                        reps,
+                        "",
+                    )?;
+                    let note = pct(&m);
+                    report(Measurement { note, ..m });
+                }
+            }
+        }
     }
     // Prefill / diffusion: f16 GEMM with and without cooperative matrices.
     for (size, variant) in [
