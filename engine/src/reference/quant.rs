@@ -250,7 +250,7 @@ mod tests {
     #[test]
     fn threaded_quantization_equals_one_pass() {
         // Over the threading threshold, with a length that splits unevenly over the threads.
-        let n = (1 << 21) + 32 * 7;
+        let n: usize = (1 << 21) + 32 * 7;
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1013) as f32 / 500.0 - 1.0).collect();
         assert_eq!(quantize(DType::Q4_0, &x).unwrap(), quantize_q4_0(&x));
         assert_eq!(quantize(DType::Q8_0, &x).unwrap(), quantize_q8_0(&x));
