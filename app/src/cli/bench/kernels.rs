@@ -103,13 +103,20 @@ pub fn run_all(
         (DType::Q4_0, 14336, 4096),
         (DType::Q8_0, 4096, 14336),
         (DType::Q8_0, 14336, 4096),
+        // The types of the GGUF files people download most (Q4_K_M mixes Q4_K and Q6_K).
+        (DType::Q4K, 14336, 4096),
+        (DType::Q6K, 14336, 4096),
+        (DType::Q5_0, 14336, 4096),
+        (DType::Q4_1, 14336, 4096),
     ] {
         let name = format!("matvec {dtype:?} {n}x{k}").to_lowercase();
         if !wanted(&name) {
             continue;
         }
         let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
-        let (x, o) = (act(&[1, k], DType::F32)?, act(&[1, n], DType::F32)?);
+        // x and out in the decode path's dtype (f16 where the device has it).
+        let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+        let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
         let m = measure(
             gpu,
             &name,
