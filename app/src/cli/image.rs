@@ -1,4 +1,5 @@
-//! `drift image`: text-to-image (and img2img) with a Stable Diffusion 1.x diffusers folder.
+//! `drift image`: text-to-image (and img2img) with a Stable Diffusion 1.x model: a diffusers folder
+//! or a single-file `.safetensors` checkpoint (pickle `.ckpt`/`.pt`/`.bin`/`.pth` files are refused).
 
 use std::path::PathBuf;
 
@@ -11,7 +12,10 @@ use drift_engine::{Gpu, GpuOptions};
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
-    /// A diffusers folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/, scheduler/).
+    /// A diffusers folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/, scheduler/) or a
+    /// single-file SD 1.x checkpoint (.safetensors with the original LDM key names; its tokenizer
+    /// comes from CLIP's bpe_simple_vocab_16e6.txt.gz: $DRIFT_CLIP_VOCAB or ~/.cache/drift/clip/).
+    /// Pickle checkpoints (.ckpt, .pt, .bin, .pth) are refused: they can run code when loaded.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]

@@ -9,7 +9,9 @@
 //! Latents are small (4 x 64 x 64 = 16k floats at 512x512), so the scheduler arithmetic runs on the
 //! CPU in f64 between UNet evaluations.
 
+pub mod display;
 pub mod image;
 pub mod noise;
 pub mod pipeline;
 pub mod schedulers;
+pub mod single_file;

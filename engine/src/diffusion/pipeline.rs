@@ -1,6 +1,9 @@
 //! Stable Diffusion 1.x text-to-image and img2img on the engine: CLIP text encoder (batch 2 for
 //! classifier-free guidance), the UNet run once per scheduler step, the VAE decoder, all on one device.
-//! Loads diffusers folders (model_index.json with text_encoder/, tokenizer/, unet/, vae/, scheduler/).
+//! Loads diffusers folders (model_index.json with text_encoder/, tokenizer/, unet/, vae/, scheduler/)
+//! and single-file SD 1.x checkpoints (`.safetensors` with LDM key names, see [`single_file`]).
+//!
+//! [`single_file`]: crate::diffusion::single_file
 
 use std::path::Path;
 use std::time::Instant;
@@ -10,10 +13,11 @@ use serde::Serialize;
 use crate::diffusion::image::{Parameters, RgbImage, from_rgb, latent_preview, to_rgb};
 use crate::diffusion::noise::Noise;
 use crate::diffusion::schedulers::{Scheduler, SchedulerConfig, SchedulerKind};
+use crate::diffusion::single_file::{SdCheckpoint, clip_vocab_path};
 use crate::error::{DriftError, Result};
 use crate::gpu::Gpu;
 use crate::models::clip::{ClipProgram, ClipRunOptions, ClipTextModel};
-use crate::models::sd_weights::SdWeightSource;
+use crate::models::sd_weights::{SdWeightSource, refuse_pickle};
 use crate::models::unet::{Unet, UnetConfig};
 use crate::models::vae::{VaeConfig, VaeNet, moments_mean};
 use crate::tensor::DType;
@@ -69,23 +73,106 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| DriftError::Other(format!("{}: {e}", path.display())))
 }
 
+/// What a pipeline is built from, wherever it came from (a diffusers folder or a single file).
+struct Parts {
+    name: String,
+    tokenizer: ClipTokenizer,
+    clip_model: ClipTextModel,
+    unet_cfg: UnetConfig,
+    unet_source: SdWeightSource,
+    vae_cfg: VaeConfig,
+    vae_source: SdWeightSource,
+    scheduler_config: SchedulerConfig,
+}
+
+/// A diffusers folder: model_index.json with text_encoder/, tokenizer/, unet/, vae/, scheduler/.
+fn folder_parts(gpu: &Gpu, dir: &Path, dtype: DType) -> Result<Parts> {
+    if !dir.join("model_index.json").is_file() {
+        return Err(DriftError::Other(format!(
+            "{} is not a diffusers pipeline folder (no model_index.json)",
+            dir.display()
+        )));
+    }
+    Ok(Parts {
+        name: dir
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned()),
+        tokenizer: ClipTokenizer::from_folder(&dir.join("tokenizer"))?,
+        clip_model: ClipTextModel::load(gpu, &dir.join("text_encoder"), Some(dtype))?,
+        unet_cfg: UnetConfig::from_json(&read(&dir.join("unet/config.json"))?)?,
+        unet_source: SdWeightSource::diffusers(&dir.join("unet"), true)?,
+        vae_cfg: VaeConfig::from_json(&read(&dir.join("vae/config.json"))?)?,
+        vae_source: SdWeightSource::diffusers(&dir.join("vae"), true)?,
+        scheduler_config: SchedulerConfig::load(dir.join("scheduler/scheduler_config.json"))?,
+    })
+}
+
+/// A single-file SD 1.x checkpoint (LDM key names); configs from its shapes, the tokenizer from
+/// CLIP's vocabulary file (see [`clip_vocab_path`]).
+fn single_file_parts(gpu: &Gpu, path: &Path, dtype: DType) -> Result<Parts> {
+    let (ckpt, set) = SdCheckpoint::open(path)?;
+    let tokenizer = ClipTokenizer::from_bpe_file(&clip_vocab_path()?)?;
+    let needed = tokenizer.bos.max(tokenizer.eos).max(tokenizer.pad) as usize + 1;
+    if ckpt.clip.vocab_size < needed {
+        return Err(DriftError::Other(format!(
+            "{}: the text encoder has {} token embeddings; SD 1.x's CLIP tokenizer needs {needed}",
+            path.display(),
+            ckpt.clip.vocab_size
+        )));
+    }
+    let clip_model =
+        ClipTextModel::from_weights(gpu, ckpt.clip.clone(), &set, &ckpt.clip_prefix, Some(dtype))?;
+    Ok(Parts {
+        name: path
+            .file_stem()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned()),
+        tokenizer,
+        clip_model,
+        unet_source: SdWeightSource::single_file(path, ckpt.unet.ldm_part())?,
+        vae_source: SdWeightSource::single_file(path, ckpt.vae.ldm_part())?,
+        unet_cfg: ckpt.unet,
+        vae_cfg: ckpt.vae,
+        scheduler_config: ckpt.scheduler,
+    })
+}
+
 impl SdPipeline {
-    /// Opens a diffusers folder for images of `width` x `height` (multiples of the VAE's downscale, 8
-    /// for SD 1.x).
-    pub fn open(gpu: &Gpu, dir: &Path, width: usize, height: usize) -> Result<SdPipeline> {
-        if !dir.join("model_index.json").is_file() {
-            return Err(DriftError::Other(format!(
-                "{} is not a diffusers pipeline folder (no model_index.json)",
-                dir.display()
-            )));
-        }
+    /// Opens a Stable Diffusion 1.x model for images of `width` x `height` (multiples of the VAE's
+    /// downscale, 8 for SD 1.x): a diffusers folder, or a single-file `.safetensors` checkpoint with
+    /// the original LDM key names. Pickle checkpoints (`.ckpt`, `.pt`, `.bin`, `.pth`) are refused.
+    pub fn open(gpu: &Gpu, path: &Path, width: usize, height: usize) -> Result<SdPipeline> {
         if width == 0 || height == 0 {
             return Err(DriftError::Other(format!("image size {width}x{height}")));
         }
+        refuse_pickle(path)?;
         let dtype = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
-        let tokenizer = ClipTokenizer::from_folder(&dir.join("tokenizer"))?;
-        let clip_model = ClipTextModel::load(gpu, &dir.join("text_encoder"), Some(dtype))?;
-        let clip = clip_model.build(
+        let parts = if path.is_dir() {
+            folder_parts(gpu, path, dtype)?
+        } else if path.is_file() {
+            single_file_parts(gpu, path, dtype)?
+        } else {
+            return Err(DriftError::Other(format!(
+                "{} does not exist",
+                path.display()
+            )));
+        };
+        Self::from_parts(gpu, parts, width, height, dtype)
+    }
+
+    fn from_parts(
+        gpu: &Gpu,
+        parts: Parts,
+        width: usize,
+        height: usize,
+        dtype: DType,
+    ) -> Result<SdPipeline> {
+        let f = parts.vae_cfg.downscale();
+        if !width.is_multiple_of(f) || !height.is_multiple_of(f) {
+            return Err(DriftError::Other(format!(
+                "image size {width}x{height} must be a multiple of {f}"
+            )));
+        }
+        let clip = parts.clip_model.build(
             gpu,
             2,
             &ClipRunOptions {
@@ -94,44 +181,39 @@ impl SdPipeline {
                 out_dtype: Some(DType::F32),
             },
         )?;
-        let vae_cfg = VaeConfig::from_json(&read(&dir.join("vae/config.json"))?)?;
-        let vae_source = SdWeightSource::diffusers(&dir.join("vae"), true)?;
-        let f = vae_cfg.downscale();
-        if !width.is_multiple_of(f) || !height.is_multiple_of(f) {
-            return Err(DriftError::Other(format!(
-                "image size {width}x{height} must be a multiple of {f}"
-            )));
-        }
-        let unet_cfg = UnetConfig::from_json(&read(&dir.join("unet/config.json"))?)?;
-        let unet_src = SdWeightSource::diffusers(&dir.join("unet"), true)?;
-        let ctx_len = clip_model.cfg.max_positions;
+        let ctx_len = parts.clip_model.cfg.max_positions;
         let unet = Unet::new(
             gpu,
-            unet_cfg,
-            &unet_src,
+            parts.unet_cfg,
+            &parts.unet_source,
             2,
             height / f,
             width / f,
             ctx_len,
             dtype,
         )?;
-        let decoder = VaeNet::decoder(gpu, &vae_cfg, &vae_source, 1, height / f, width / f, dtype)?;
-        let scheduler_config = SchedulerConfig::load(dir.join("scheduler/scheduler_config.json"))?;
+        let decoder = VaeNet::decoder(
+            gpu,
+            &parts.vae_cfg,
+            &parts.vae_source,
+            1,
+            height / f,
+            width / f,
+            dtype,
+        )?;
         Ok(SdPipeline {
-            name: dir
-                .file_name()
-                .map_or("model".into(), |n| n.to_string_lossy().into_owned()),
+            name: parts.name,
             width,
             height,
-            tokenizer,
+            tokenizer: parts.tokenizer,
             clip,
-            _clip_model: clip_model,
+            _clip_model: parts.clip_model,
             unet,
-            vae_cfg,
-            vae_source,
+            vae_cfg: parts.vae_cfg,
+            vae_source: parts.vae_source,
             decoder,
             encoder: None,
-            scheduler_config,
+            scheduler_config: parts.scheduler_config,
             dtype,
         })
     }
@@ -264,5 +346,20 @@ impl SdPipeline {
             },
             warnings,
         })
+    }
+}
+
+/// For the app: the last image as a GPU texture for display, and GPU timings of one UNet step.
+impl SdPipeline {
+    /// The image the VAE decoded last (by [`SdPipeline::generate`]), packed on the GPU into an RGBA8
+    /// texture for display without a CPU round trip.
+    pub fn decoded_texture(&self, gpu: &Gpu) -> Result<crate::diffusion::display::DisplayTexture> {
+        crate::diffusion::display::pack_rgba8(gpu, self.decoder.output()?, self.width, self.height)
+    }
+
+    /// Per-dispatch GPU timings of one UNet evaluation (batch 2 for CFG) on the inputs of the last step
+    /// run; call it between images (the next image writes fresh inputs).
+    pub fn profile_unet_step(&mut self, gpu: &Gpu) -> Result<crate::profiler::Profile> {
+        crate::profiler::Profiler::new().run(gpu, &self.unet.built.program)
     }
 }
