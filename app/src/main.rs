@@ -36,6 +36,8 @@ enum Command {
     Chat(cli::chat::ChatArgs),
     /// Make an image with Stable Diffusion.
     Image(cli::image::ImageArgs),
+    /// Find, download, list and delete models.
+    Models(cli::models::ModelsArgs),
 }
 
 fn main() {
@@ -53,6 +55,7 @@ fn main() {
         Some(Command::Generate(a)) => cli::generate::run(&options, &a),
         Some(Command::Chat(a)) => cli::chat::run(&options, &a),
         Some(Command::Image(a)) => cli::image::run(&options, &a),
+        Some(Command::Models(a)) => cli::models::run(&a),
     };
     if let Err(e) = result {
         eprintln!("drift: {e:#}");

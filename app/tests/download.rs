@@ -1,10 +1,14 @@
 //! Resumable, verified downloads against a real HTTP/1.1 server on 127.0.0.1 (no mocks): the server
-//! below serves one byte array with Range support and switchable faults.
+//! below serves one byte array with Range support and switchable faults, and `/hub/file.bin`
+//! answers like the Hugging Face `resolve` endpoint (a redirect carrying `X-Linked-Etag`).
 
-// The app is a binary crate, so the module is compiled into this test directly.
+// The app is a binary crate, so the modules are compiled into this test directly.
 #[allow(dead_code)]
 #[path = "../src/hub/download.rs"]
 mod download;
+#[allow(dead_code)]
+#[path = "../src/hub/manager.rs"]
+mod manager;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -14,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use download::{
-    DownloadError, DownloadOptions, Expected, PartState, Progress, download_file, hf_url,
-    part_path, sidecar_path,
+    DownloadError, DownloadOptions, Expected, PartState, Progress, download_file,
+    download_hub_file, hf_url, part_path, probe, sidecar_path,
 };
+use manager::{DownloadManager, FileRequest, JobRequest, JobState, ManagerOptions};
 use sha2::{Digest, Sha256};
 
 const SIZE: usize = 300_000;
@@ -35,6 +40,8 @@ struct Faults {
     corrupt: Option<usize>,
     /// Require `Authorization: Bearer <token>` (401 otherwise).
     require_token: Option<String>,
+    /// Pause this long after every 16 KiB of body (slow links, overlapping downloads).
+    throttle: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -43,6 +50,27 @@ struct Log {
     ranges: Vec<Option<u64>>,
     /// Body bytes written to sockets.
     body_bytes: u64,
+    /// Bodies being sent now, and the most at once.
+    active: u32,
+    max_active: u32,
+}
+
+/// Counts a body in flight for as long as it lives.
+struct Active<'a>(&'a Mutex<Log>);
+
+impl<'a> Active<'a> {
+    fn new(log: &'a Mutex<Log>) -> Self {
+        let mut l = log.lock().unwrap();
+        l.active += 1;
+        l.max_active = l.max_active.max(l.active);
+        Active(log)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().active -= 1;
+    }
 }
 
 struct Server {
@@ -130,6 +158,7 @@ fn handle(
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
+    let method = line.split_whitespace().next().unwrap_or("GET").to_string();
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let (mut range, mut auth) = (None, None);
     loop {
@@ -157,6 +186,27 @@ fn handle(
     };
     if path == "/redirect" {
         return reply(&mut stream, "302 Found", "Location: /file.bin\r\n");
+    }
+    if path == "/hub/file.bin" {
+        // Like huggingface.co's resolve endpoint: a redirect to the CDN carrying the LFS object's
+        // sha256 and size (of the true file, whatever the CDN then sends).
+        let d = data.lock().unwrap();
+        let extra = format!(
+            "Location: /file.bin\r\nX-Linked-Etag: \"{}\"\r\nX-Linked-Size: {}\r\nX-Repo-Commit: abc123\r\n",
+            sha(&d.0),
+            d.0.len()
+        );
+        return reply(&mut stream, "302 Found", &extra);
+    }
+    if method == "HEAD" && path == "/file.bin" {
+        if let Some(st) = faults.lock().unwrap().status {
+            return reply(&mut stream, &format!("{st} Error"), "");
+        }
+        let n = data.lock().unwrap().0.len();
+        return write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n"
+        );
     }
     if path != "/file.bin" {
         return reply(&mut stream, "404 Not Found", "");
@@ -209,10 +259,17 @@ fn handle(
         part.len()
     )?;
     let send = drop_after.map_or(part.len(), |n| n.min(part.len()));
-    for chunk in part[..send].chunks(16 * 1024) {
+    let throttle = faults.lock().unwrap().throttle;
+    let active = Active::new(log);
+    for (i, chunk) in part[..send].chunks(16 * 1024).enumerate() {
+        if let Some(t) = throttle.filter(|_| i > 0) {
+            std::thread::sleep(t);
+        }
         stream.write_all(chunk)?;
         log.lock().unwrap().body_bytes += chunk.len() as u64;
     }
+    // The body is handed to the kernel: this request no longer counts as in flight.
+    drop(active);
     stream.flush()?;
     stream.shutdown(Shutdown::Both)
 }
@@ -609,4 +666,175 @@ fn hf_url_layout() {
         hf_url("http://127.0.0.1:9/", "org/model", "main", "model.gguf"),
         "http://127.0.0.1:9/org/model/resolve/main/model.gguf"
     );
+}
+
+#[test]
+fn hub_linked_etag_is_the_expected_hash_when_none_is_known() {
+    let s = Server::start();
+    let hub_url = format!("{}/hub/file.bin", s.base);
+    let remote = probe(&hub_url, &opts()).unwrap();
+    assert_eq!(remote.sha256, s.expected().sha256);
+    assert_eq!(remote.size, Some(SIZE as u64));
+    assert_eq!(remote.commit.as_deref(), Some("abc123"));
+    // A plain file answers HEAD with its size and no hash.
+    let plain = probe(&s.url(), &opts()).unwrap();
+    assert_eq!((plain.sha256, plain.size), (None, Some(SIZE as u64)));
+    assert!(s.ranges().is_empty(), "HEAD requests fetch no body");
+
+    // No hash given: the hub's is used, and the good file passes.
+    let dest = tmp("linked-ok");
+    let out = download_hub_file(&hub_url, &dest, Expected::default(), opts()).unwrap();
+    assert!(out.verified);
+    assert_verified(&dest, &s);
+
+    // The CDN sends a corrupted byte: rejected against the hub's hash, nothing kept.
+    s.set(|f| f.corrupt = Some(123_456));
+    let dest = tmp("linked-corrupt");
+    let err = download_hub_file(&hub_url, &dest, Expected::default(), opts()).unwrap_err();
+    assert!(matches!(err, DownloadError::HashMismatch { .. }), "{err}");
+    assert!(!dest.exists() && !part_path(&dest).exists());
+
+    // Without a hub hash the download still works, unverified.
+    s.set(|f| f.corrupt = None);
+    let dest = tmp("linked-none");
+    let out = download_hub_file(&s.url(), &dest, Expected::default(), opts()).unwrap();
+    assert!(!out.verified);
+    assert_verified(&dest, &s);
+
+    // Errors on the HEAD are the download errors.
+    s.set(|f| f.status = Some(404));
+    let err = probe(&s.url(), &opts()).unwrap_err();
+    assert!(matches!(err, DownloadError::NotFound { .. }), "{err}");
+}
+
+fn job(s: &Server, name: &str) -> (JobRequest, std::path::PathBuf) {
+    let dest = tmp(name);
+    let req = JobRequest {
+        label: name.to_string(),
+        files: vec![FileRequest {
+            url: s.url(),
+            dest: dest.clone(),
+            expected: s.expected(),
+            size_hint: None,
+        }],
+        token: None,
+    };
+    (req, dest)
+}
+
+fn manager(max: usize) -> DownloadManager {
+    DownloadManager::new(ManagerOptions {
+        max_concurrent: max,
+        retries: 3,
+        backoff: Duration::from_millis(5),
+        read_timeout: Duration::from_secs(5),
+    })
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Waits until the job is done, failed, cancelled or paused.
+fn settle(m: &DownloadManager, id: manager::JobId) -> Option<manager::JobStatus> {
+    m.wait_for(id, LONG, |st| st.state.is_settled())
+}
+
+#[test]
+fn manager_runs_downloads_concurrently_up_to_its_limit() {
+    let s = Server::start();
+    s.set(|f| f.throttle = Some(Duration::from_millis(15)));
+    let m = manager(2);
+    let jobs: Vec<_> = (0..3)
+        .map(|i| {
+            let (req, dest) = job(&s, &format!("mgr-limit-{i}"));
+            (m.add(req), dest)
+        })
+        .collect();
+    // Right after queueing: two run, one waits.
+    let states: Vec<JobState> = jobs
+        .iter()
+        .map(|(id, _)| m.status(*id).unwrap().state)
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == JobState::Running).count(),
+        2,
+        "{states:?}"
+    );
+    assert_eq!(states[2], JobState::Queued);
+    for (id, dest) in &jobs {
+        let st = settle(&m, *id).unwrap();
+        assert_eq!(st.state, JobState::Done, "{st:?}");
+        assert_eq!(
+            (st.done, st.total, st.verified, st.files_done),
+            (SIZE as u64, SIZE as u64, 1, 1)
+        );
+        assert_verified(dest, &s);
+    }
+    let max = s.log.lock().unwrap().max_active;
+    assert_eq!(max, 2, "at most two bodies at once, and two did overlap");
+}
+
+#[test]
+fn manager_pause_keeps_the_part_and_resume_continues_from_it() {
+    let s = Server::start();
+    s.set(|f| f.throttle = Some(Duration::from_millis(20)));
+    let m = manager(1);
+    let (req, dest) = job(&s, "mgr-pause");
+    let id = m.add(req);
+    let st = m.wait_for(id, LONG, |st| st.done >= 50_000).unwrap();
+    assert_eq!(st.state, JobState::Running);
+    assert!(st.rate > 0.0 && st.eta.is_some(), "{st:?}");
+    m.pause(id);
+    let st = settle(&m, id).unwrap();
+    assert_eq!(st.state, JobState::Paused);
+    let kept = std::fs::metadata(part_path(&dest)).unwrap().len();
+    assert!(kept >= 50_000 && kept < SIZE as u64, "kept {kept}");
+    assert!(!dest.exists());
+
+    m.resume(id);
+    let st = settle(&m, id).unwrap();
+    assert_eq!(st.state, JobState::Done, "{st:?}");
+    assert_verified(&dest, &s);
+    // The second request asked for the rest of the file, from the byte the part ended at.
+    assert_eq!(s.ranges(), vec![None, Some(kept)]);
+}
+
+#[test]
+fn manager_cancel_deletes_the_part_and_a_queued_job_never_starts() {
+    let s = Server::start();
+    s.set(|f| f.throttle = Some(Duration::from_millis(20)));
+    let m = manager(1);
+    let (req, dest) = job(&s, "mgr-cancel");
+    let (queued_req, queued_dest) = job(&s, "mgr-queued");
+    let id = m.add(req);
+    let queued = m.add(queued_req);
+    m.cancel(queued);
+    assert_eq!(m.status(queued).unwrap().state, JobState::Cancelled);
+    m.wait_for(id, LONG, |st| st.done > 0).unwrap();
+    m.cancel(id);
+    let st = settle(&m, id).unwrap();
+    assert_eq!(st.state, JobState::Cancelled);
+    assert!(!dest.exists() && !part_path(&dest).exists() && !sidecar_path(&dest).exists());
+    assert!(!queued_dest.exists() && !part_path(&queued_dest).exists());
+    assert_eq!(
+        s.ranges().len(),
+        1,
+        "the cancelled queued job made no request"
+    );
+
+    // A failure is reported with the download's message and can be retried.
+    s.set(|f| {
+        f.throttle = None;
+        f.status = Some(404);
+    });
+    let (req, dest) = job(&s, "mgr-fail");
+    let id = m.add(req);
+    let st = settle(&m, id).unwrap();
+    assert!(
+        matches!(&st.state, JobState::Failed(msg) if msg.contains("not found")),
+        "{st:?}"
+    );
+    s.set(|f| f.status = None);
+    m.resume(id);
+    assert_eq!(settle(&m, id).unwrap().state, JobState::Done);
+    assert_verified(&dest, &s);
 }

@@ -5,4 +5,5 @@ pub mod chat;
 pub mod generate;
 pub mod image;
 pub mod info;
+pub mod models;
 pub mod selftest;

@@ -132,6 +132,8 @@ pub struct DownloadOutcome {
     /// Times the part was discarded and the download restarted from 0 (Range ignored,
     /// ETag changed).
     pub restarts: u32,
+    /// True when the file's sha256 was checked against an expected one (not only computed).
+    pub verified: bool,
 }
 
 /// Why a download failed. Messages are meant for the user.
@@ -479,6 +481,7 @@ pub fn download_file(
                 bytes_fetched: 0,
                 requests: 0,
                 restarts: 0,
+                verified: expected_sha.is_some(),
             });
         }
     }
@@ -889,8 +892,145 @@ impl Job<'_, '_> {
             bytes_fetched: self.fetched,
             requests: self.requests,
             restarts: self.restarts,
+            verified: self.expected_sha.is_some(),
         })
     }
+}
+
+/// What a server says about a file before it is fetched. The hub answers a HEAD on a `resolve` URL
+/// of an LFS file with a redirect to its CDN that carries the object's sha256 in `X-Linked-Etag` and
+/// its size in `X-Linked-Size`; a regular git file answers 200 with its size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoteFile {
+    /// Lowercase hex, when the server reported one.
+    pub sha256: Option<String>,
+    pub size: Option<u64>,
+    /// `X-Repo-Commit`: the commit the revision resolved to.
+    pub commit: Option<String>,
+}
+
+/// `"abc..."`, `W/"abc..."` -> the sha256, if the ETag is one (64 hex digits).
+fn sha256_from_etag(etag: &str) -> Option<String> {
+    let s = etag
+        .trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_ascii_lowercase();
+    (s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())).then_some(s)
+}
+
+/// `http://host:port/a/b` -> `http://host:port`
+fn origin(url: &str) -> &str {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    url[start..].find('/').map_or(url, |i| &url[..start + i])
+}
+
+/// Asks the server about `url` with HEAD requests that do not follow the CDN redirect (so the
+/// hub's headers are seen); same-host redirects (renamed repos) are followed. Transient failures
+/// are retried like downloads; 401/403/404 give the same errors as [`download_file`].
+pub fn probe(url: &str, opts: &DownloadOptions<'_>) -> Result<RemoteFile> {
+    let token = hf_token(opts.token.as_deref());
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .accept_encoding("identity")
+        .timeout_connect(Some(Duration::from_secs(20)))
+        .timeout_global(Some(opts.read_timeout.max(Duration::from_secs(1))))
+        .build()
+        .into();
+    let mut url = url.to_string();
+    let mut failures = 0u32;
+    let mut hops = 0u32;
+    loop {
+        let mut req = agent.head(&url);
+        if let Some(t) = &token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let transient = match req.call() {
+            Err(e) => format!("request failed: {e}"),
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let header = |name: &str| {
+                    resp.headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(|s| s.trim().to_string())
+                };
+                let linked_sha = header("x-linked-etag")
+                    .as_deref()
+                    .and_then(sha256_from_etag);
+                let linked_size = header("x-linked-size").and_then(|v| v.parse::<u64>().ok());
+                let commit = header("x-repo-commit");
+                match status {
+                    401 | 403 => {
+                        return Err(DownloadError::Unauthorized {
+                            status,
+                            url,
+                            had_token: token.is_some(),
+                        });
+                    }
+                    404 => return Err(DownloadError::NotFound { url }),
+                    200..=299 => {
+                        return Ok(RemoteFile {
+                            sha256: linked_sha,
+                            size: linked_size
+                                .or_else(|| header("content-length").and_then(|v| v.parse().ok())),
+                            commit,
+                        });
+                    }
+                    300..=399 => {
+                        let location = header("location").unwrap_or_default();
+                        if (linked_sha.is_some() || linked_size.is_some())
+                            || !location.starts_with('/')
+                            || hops >= 5
+                        {
+                            return Ok(RemoteFile {
+                                sha256: linked_sha,
+                                size: linked_size,
+                                commit,
+                            });
+                        }
+                        hops += 1;
+                        url = format!("{}{location}", origin(&url));
+                        continue;
+                    }
+                    408 | 429 | 500..=599 => format!("HTTP {status}"),
+                    _ => return Err(DownloadError::Http { status, url }),
+                }
+            }
+        };
+        failures += 1;
+        if failures > opts.retries {
+            return Err(DownloadError::Network {
+                url,
+                attempts: failures,
+                last: transient,
+            });
+        }
+        let shift = (failures - 1).min(16);
+        std::thread::sleep(opts.backoff.saturating_mul(1 << shift).min(MAX_BACKOFF));
+    }
+}
+
+/// [`download_file`] for hub `resolve` URLs: when `expected` has no sha256, the LFS sha256 and
+/// size the hub reports ([`probe`]) become the expectation, so every large file is verified even
+/// when the caller knew no hash. The hub's size wins over a caller's size hint.
+pub fn download_hub_file(
+    url: &str,
+    dest: &Path,
+    expected: Expected,
+    opts: DownloadOptions<'_>,
+) -> Result<DownloadOutcome> {
+    let expected = if expected.sha256.is_none() {
+        let remote = probe(url, &opts)?;
+        Expected {
+            sha256: remote.sha256,
+            size: remote.size.or(expected.size),
+        }
+    } else {
+        expected
+    };
+    download_file(url, dest, expected, opts)
 }
 
 /// `bytes 100-199/1000` -> 100
@@ -927,5 +1067,22 @@ mod tests {
             sidecar_path(Path::new("/x/m.gguf")),
             PathBuf::from("/x/m.gguf.part.json")
         );
+    }
+
+    #[test]
+    fn linked_etags_and_origins() {
+        let h = "74a4da8c9fdbcd15bd1f6d01d621410d31c6fc00986f5eb687824e7b93d7a9db";
+        assert_eq!(sha256_from_etag(&format!("\"{h}\"")).as_deref(), Some(h));
+        assert_eq!(
+            sha256_from_etag(&format!("W/\"{}\"", h.to_uppercase())).as_deref(),
+            Some(h)
+        );
+        // A git blob id (sha1) is not a sha256.
+        assert_eq!(
+            sha256_from_etag("\"2febf68cea25bf4611be02b7536f2488a5ba523b\""),
+            None
+        );
+        assert_eq!(origin("http://127.0.0.1:8/a/b?c"), "http://127.0.0.1:8");
+        assert_eq!(origin("https://huggingface.co"), "https://huggingface.co");
     }
 }
