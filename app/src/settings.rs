@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::paths::{Paths, write_atomic};
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Settings {
     /// Where downloaded models go; `None` = the data dir's `models/`.
@@ -20,18 +20,6 @@ pub struct Settings {
     pub last_chat_model: Option<PathBuf>,
     /// The image model loaded last.
     pub last_image_model: Option<PathBuf>,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            models_dir: None,
-            hf_token: None,
-            profiling: false,
-            last_chat_model: None,
-            last_image_model: None,
-        }
-    }
 }
 
 impl Settings {

@@ -14,6 +14,7 @@ use crate::gpu::Gpu;
 use crate::kernels::sample::{TopkOptions, topk};
 use crate::memory::Category;
 use crate::models::llama::LlamaModel;
+use crate::profiler::{Profile, Profiler};
 use crate::sampling::{Candidates, Sampler, SamplingParams};
 use crate::tensor::{DType, Tensor};
 use crate::tokenize::TextTokenizer;
@@ -161,6 +162,8 @@ impl LlmSession {
         let mut next = Some(first);
         // In flight: the token of each submitted-but-unread step (greedy pipelining).
         let mut pending = 0usize;
+        // KV rows written so far: a token that ends the loop before its decode step has no row yet.
+        let mut kv_rows = prompt.len();
         while let Some(tok) = next.take() {
             let pos = self.cached.len();
             if self.eos.contains(&tok) {
@@ -203,6 +206,7 @@ impl LlmSession {
                 m.set_step(gpu, pos + 1, pos)?;
                 self.submit_step(gpu, &decode_program, pos % 2);
             }
+            kv_rows = pos + 1;
             pending = 0;
             // Greedy: queue the following step before reading this one (its input id is already on the
             // GPU), unless this one may be the last.
@@ -210,12 +214,15 @@ impl LlmSession {
                 m.set_step(gpu, pos + 2, pos + 1)?;
                 self.submit_step(gpu, &decode_program, (pos + 1) % 2);
                 pending = 1;
+                kv_rows = pos + 2;
             }
             next = Some(self.read_token(gpu, pos % 2, greedy, k, &mut sampler)?);
         }
         if pending > 0 {
             gpu.wait()?; // drain the speculative step; its token is discarded
         }
+        // Only tokens with KV rows may be reused by the next call.
+        self.cached.truncate(kv_rows);
         let decode_s = t1.elapsed().as_secs_f64();
         Ok(Generation {
             text,
@@ -330,6 +337,22 @@ impl LlmSession {
         }
     }
 
+    /// Runs one decode step (and the greedy argmax) under `profiler`: per-dispatch GPU timings of one
+    /// token. The step runs at the position after the cached tokens, whose KV row nothing reuses, so the
+    /// session's state is unchanged (at a full cache the last row is given up instead).
+    pub fn profile_decode_step(&mut self, gpu: &Gpu, profiler: &mut Profiler) -> Result<Profile> {
+        let m = &self.model;
+        let pos = self.cached.len().min(m.max_ctx.saturating_sub(1));
+        self.cached.truncate(pos);
+        let input = self.cached.last().copied().unwrap_or(0);
+        gpu.write_tensor_bytes(&m.ids.view(0, &[1])?, bytemuck::bytes_of(&input))?;
+        m.set_step(gpu, pos + 1, pos)?;
+        let mut step = Program::new();
+        step.extend(m.decode_program().dispatches.iter().cloned());
+        step.push(m.argmax_dispatch(gpu)?);
+        step.run_profiled(gpu, profiler)
+    }
+
     /// Runs the prompt once and returns the logits of every position (fidelity tests).
     pub fn prompt_logits(&mut self, gpu: &Gpu, prompt: &[u32]) -> Result<Vec<f32>> {
         let m = &self.model;
@@ -340,5 +363,67 @@ impl LlmSession {
         p.run(gpu)?;
         self.cached.clear();
         gpu.read_f32(&logits.expect("asked for all logits"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::gpu::GpuOptions;
+    use crate::models::llama::QuantScheme;
+    use crate::models::load::open_llm;
+
+    fn fixture_session(gpu: &Gpu) -> LlmSession {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/llama3-rope-tied");
+        open_llm(gpu, &dir, Some(64), QuantScheme::None).unwrap()
+    }
+
+    fn greedy(max_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            stop: vec![],
+        }
+    }
+
+    /// A reply cut short (token limit, stop) leaves its last token without a KV row: the next turn must
+    /// prefill it rather than reuse the unwritten row, and give what a fresh session gives. Profiling a
+    /// decode step in between must not disturb the cache either.
+    #[test]
+    fn a_continued_conversation_matches_a_fresh_one() {
+        let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
+        let mut s = fixture_session(&gpu);
+        let cancel = AtomicBool::new(false);
+        let prompt = s
+            .tokenizer
+            .encode("The capital of France is", false)
+            .unwrap();
+        for max_tokens in [1, 5] {
+            s.reset();
+            let first = s
+                .generate(&gpu, &prompt, &greedy(max_tokens), &cancel, &mut |_| {})
+                .unwrap();
+            assert_eq!(first.tokens.len(), max_tokens);
+            assert!(s.cached.len() < prompt.len() + max_tokens);
+            let profile = s.profile_decode_step(&gpu, &mut Profiler::new()).unwrap();
+            assert!(profile.dispatches.len() > 4, "one token's dispatches");
+            assert!(profile.dispatches.iter().any(|d| d.name.contains("argmax")));
+            let mut longer = prompt.clone();
+            longer.extend(&first.tokens);
+            longer.extend(&prompt[1..3]);
+            let continued = s
+                .generate(&gpu, &longer, &greedy(6), &cancel, &mut |_| {})
+                .unwrap();
+            let mut fresh = fixture_session(&gpu);
+            let reference = fresh
+                .generate(&gpu, &longer, &greedy(6), &cancel, &mut |_| {})
+                .unwrap();
+            assert_eq!(
+                continued.tokens, reference.tokens,
+                "after a {max_tokens}-token reply"
+            );
+        }
     }
 }

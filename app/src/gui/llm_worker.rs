@@ -1,5 +1,6 @@
 //! The LLM worker thread: owns the loaded model (on the app's shared GPU device) so the UI never blocks.
 //! Commands go in over a channel; streamed text and results come back, each followed by a repaint.
+//! Every load and every reply holds the app's GPU queue, so chat and image jobs take turns on the device.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,91 +8,267 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 
 use drift_engine::Gpu;
-use drift_engine::generate::{GenerateOptions, Generation, LlmSession};
+use drift_engine::generate::{GenerateOptions, Generation, LlmSession, StopReason};
 use drift_engine::models::llama::QuantScheme;
 use drift_engine::models::load::open_llm;
+use drift_engine::profiler::Profiler;
 use drift_engine::tokenize::chat_template::Message;
 use eframe::egui;
 
+use super::gpu_queue::GpuQueue;
+use super::perf_log::{ProfiledRun, ReplySpeed, SharedPerfLog};
+
+/// Which model, opened with which context length: a different spec means a reload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    pub path: PathBuf,
+    pub context: usize,
+}
+
+pub struct ReplyRequest {
+    /// Loaded first when it is not the model in memory.
+    pub model: ModelSpec,
+    pub messages: Vec<Message>,
+    pub options: GenerateOptions,
+    /// Profile one decode step after the reply (Performance tab).
+    pub profile: bool,
+}
+
 pub enum Command {
-    Load(PathBuf),
-    Generate(Vec<Message>, GenerateOptions),
+    Load(ModelSpec),
+    Reply(ReplyRequest),
 }
 
 pub enum Event {
-    Loaded(String),
+    /// The worker has the GPU and is loading this model.
+    Loading(ModelSpec),
+    /// `context`: the KV cache length it got (the spec's, capped by the model's own limit).
+    Loaded {
+        spec: ModelSpec,
+        context: usize,
+    },
+    LoadFailed(String),
+    /// The worker has the GPU and the model: prefill starts.
+    Started,
+    /// Streamed text of one decoded token (tokens that end inside a UTF-8 character send nothing).
     Piece(String),
-    Done(Generation),
-    Error(String),
+    /// `prefill_tokens`: prompt tokens actually run (the rest came from the KV cache).
+    Done {
+        generation: Generation,
+        prefill_tokens: usize,
+    },
+    Failed(String),
 }
 
 pub struct LlmWorker {
-    commands: Sender<Command>,
+    /// `None` once dropped (the thread then ends).
+    commands: Option<Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     pub events: Receiver<Event>,
-    /// Set to stop the generation in progress.
+    /// Set to stop the reply in progress (or one still waiting for the GPU).
     pub cancel: Arc<AtomicBool>,
 }
 
+/// What the worker thread holds.
+struct WorkerState {
+    gpu: Arc<Gpu>,
+    queue: GpuQueue,
+    perf: SharedPerfLog,
+    cancel: Arc<AtomicBool>,
+    events: Sender<Event>,
+    ctx: egui::Context,
+    session: Option<(ModelSpec, LlmSession)>,
+    profiler: Profiler,
+}
+
 impl LlmWorker {
-    pub fn spawn(gpu: Arc<Gpu>, ctx: egui::Context) -> LlmWorker {
+    pub fn spawn(
+        gpu: Arc<Gpu>,
+        queue: GpuQueue,
+        perf: SharedPerfLog,
+        ctx: egui::Context,
+    ) -> LlmWorker {
         let (commands, rx) = channel::<Command>();
         let (tx, events) = channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let stop = cancel.clone();
-        std::thread::Builder::new()
+        let mut state = WorkerState {
+            gpu,
+            queue,
+            perf,
+            cancel: cancel.clone(),
+            events: tx,
+            ctx,
+            session: None,
+            profiler: Profiler::new(),
+        };
+        let thread = std::thread::Builder::new()
             .name("drift-llm".into())
             .spawn(move || {
-                let mut session: Option<LlmSession> = None;
-                let send = |e: Event| {
-                    let _ = tx.send(e);
-                    ctx.request_repaint();
-                };
+                // Ends when the panel (the command sender) is dropped.
                 for cmd in rx {
-                    match cmd {
-                        Command::Load(path) => {
-                            session = None; // free the old model's GPU memory first
-                            match open_llm(&gpu, &path, None, QuantScheme::None) {
-                                Ok(s) => {
-                                    session = Some(s);
-                                    send(Event::Loaded(path.display().to_string()));
-                                }
-                                Err(e) => send(Event::Error(format!(
-                                    "could not load {}: {e}",
-                                    path.display()
-                                ))),
-                            }
-                        }
-                        Command::Generate(messages, opts) => {
-                            let Some(s) = session.as_mut() else {
-                                send(Event::Error("load a model first".into()));
-                                continue;
-                            };
-                            stop.store(false, Ordering::Relaxed);
-                            let result = s
-                                .render(&messages)
-                                .and_then(|text| s.tokenizer.encode(&text, false))
-                                .and_then(|prompt| {
-                                    s.generate(&gpu, &prompt, &opts, &stop, &mut |piece| {
-                                        send(Event::Piece(piece.to_string()));
-                                    })
-                                });
-                            match result {
-                                Ok(g) => send(Event::Done(g)),
-                                Err(e) => send(Event::Error(e.to_string())),
-                            }
-                        }
-                    }
+                    state.run(cmd);
                 }
             })
             .expect("spawning a thread");
         LlmWorker {
-            commands,
+            commands: Some(commands),
+            thread: Some(thread),
             events,
             cancel,
         }
     }
 
     pub fn send(&self, cmd: Command) {
-        let _ = self.commands.send(cmd);
+        if let Command::Reply(_) = cmd {
+            self.cancel.store(false, Ordering::SeqCst);
+        }
+        if let Some(c) = &self.commands {
+            let _ = c.send(cmd);
+        }
+    }
+
+    pub fn stop(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for LlmWorker {
+    /// Stops a reply in progress and waits for the thread, so the model's GPU memory is released
+    /// before the device goes away (a load in progress finishes first).
+    fn drop(&mut self) {
+        self.stop();
+        self.commands = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl WorkerState {
+    fn send(&self, e: Event) {
+        let _ = self.events.send(e);
+        self.ctx.request_repaint();
+    }
+
+    fn run(&mut self, cmd: Command) {
+        let queue = self.queue.clone();
+        let _device = queue.acquire();
+        match cmd {
+            Command::Load(spec) => {
+                let _ = self.ensure_loaded(&spec);
+            }
+            Command::Reply(req) => self.reply(req),
+        }
+    }
+
+    /// Loads `spec` unless it is the model in memory; sends the outcome (and returns the reason of a
+    /// failure).
+    fn ensure_loaded(&mut self, spec: &ModelSpec) -> Result<(), String> {
+        if self.session.as_ref().is_some_and(|(s, _)| s == spec) {
+            return Ok(());
+        }
+        self.send(Event::Loading(spec.clone()));
+        self.session = None; // free the old model's GPU memory first
+        match open_llm(&self.gpu, &spec.path, Some(spec.context), QuantScheme::None) {
+            Ok(s) => {
+                let context = s.model.max_ctx;
+                self.session = Some((spec.clone(), s));
+                self.send(Event::Loaded {
+                    spec: spec.clone(),
+                    context,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!("could not load {}: {e}", spec.path.display());
+                self.send(Event::LoadFailed(why.clone()));
+                Err(why)
+            }
+        }
+    }
+
+    fn reply(&mut self, req: ReplyRequest) {
+        if let Err(why) = self.ensure_loaded(&req.model) {
+            self.send(Event::Failed(why));
+            return;
+        }
+        let (_, s) = self.session.as_mut().expect("loaded above");
+        if self.cancel.load(Ordering::SeqCst) {
+            // Stopped while waiting for the device or the model.
+            self.send(Event::Done {
+                generation: Generation {
+                    text: String::new(),
+                    tokens: Vec::new(),
+                    prompt_tokens: 0,
+                    prefill_tokens_per_s: 0.0,
+                    decode_tokens_per_s: 0.0,
+                    stop_reason: StopReason::Cancelled,
+                },
+                prefill_tokens: 0,
+            });
+            return;
+        }
+        let _ = self.events.send(Event::Started);
+        let (events, ctx, gpu) = (&self.events, &self.ctx, &self.gpu);
+        let result = s.render(&req.messages).and_then(|text| {
+            let prompt = s.tokenizer.encode(&text, false)?;
+            // The prefix shared with the KV cache is not run again.
+            let reused = s
+                .cached
+                .iter()
+                .zip(&prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len().saturating_sub(1));
+            let g = s.generate(gpu, &prompt, &req.options, &self.cancel, &mut |piece| {
+                let _ = events.send(Event::Piece(piece.to_string()));
+                ctx.request_repaint();
+            })?;
+            Ok((g, prompt.len() - reused))
+        });
+        match result {
+            Ok((generation, prefill_tokens)) => {
+                self.log_speed(&generation, prefill_tokens);
+                if req.profile {
+                    self.profile_decode();
+                }
+                self.send(Event::Done {
+                    generation,
+                    prefill_tokens,
+                });
+            }
+            Err(e) => self.send(Event::Failed(e.to_string())),
+        }
+    }
+
+    fn log_speed(&self, g: &Generation, prefill_tokens: usize) {
+        let speed = ReplySpeed {
+            prefill_tokens,
+            prefill_tokens_per_s: g.prefill_tokens_per_s,
+            decode_tokens: g.tokens.len(),
+            decode_tokens_per_s: g.decode_tokens_per_s,
+        };
+        self.perf
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replies
+            .push(speed);
+    }
+
+    /// One decode step with per-dispatch timings, for the Performance tab. A failure here only loses
+    /// the profile, never the reply.
+    fn profile_decode(&mut self) {
+        let Some((_, s)) = self.session.as_mut() else {
+            return;
+        };
+        match s.profile_decode_step(&self.gpu, &mut self.profiler) {
+            Ok(profile) => {
+                self.perf.lock().unwrap_or_else(|p| p.into_inner()).last_run = Some(ProfiledRun {
+                    label: "decode token".into(),
+                    profile,
+                })
+            }
+            Err(e) => log::warn!("profiling a decode step failed: {e}"),
+        }
     }
 }

@@ -2,12 +2,31 @@
 //! adapter/device/queue, so the UI and inference share one GPU device.
 
 mod chat;
+mod chat_library;
+mod chat_list;
+mod chat_settings;
+#[cfg(test)]
+mod chat_tests;
+mod chat_transcript;
+mod conversations;
+mod gallery;
 mod gpu_queue;
 mod image;
+mod image_form;
+#[cfg(test)]
+mod image_tests;
 mod llm_worker;
 mod models;
+#[cfg(test)]
+mod models_tests;
+mod perf_device;
+mod perf_kernels;
 mod perf_log;
+mod perf_vram;
 mod performance;
+#[cfg(test)]
+mod performance_tests;
+mod sd_worker;
 #[cfg(test)]
 mod shell_tests;
 #[cfg(test)]
@@ -58,7 +77,8 @@ pub fn run() -> Result<()> {
                 rs.device.clone(),
                 rs.queue.clone(),
             ));
-            let app = AppContext::new(gpu, Paths::from_env(), cc.egui_ctx.clone());
+            let mut app = AppContext::new(gpu, Paths::from_env(), cc.egui_ctx.clone());
+            app.render_state = Some(rs.clone());
             Ok(Box::new(DriftApp::new(app)))
         }),
     )
@@ -86,6 +106,8 @@ pub struct AppContext {
     pub activity: Vec<String>,
     /// A panel may ask to switch tabs (e.g. an empty state pointing to Models).
     pub goto: Option<Tab>,
+    /// eframe's renderer when it draws with `gpu`'s device: images go to the screen as GPU textures.
+    pub render_state: Option<eframe::egui_wgpu::RenderState>,
 }
 
 impl AppContext {
@@ -100,6 +122,7 @@ impl AppContext {
             egui_ctx,
             activity: Vec::new(),
             goto: None,
+            render_state: None,
         }
     }
 

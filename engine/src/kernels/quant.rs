@@ -246,7 +246,8 @@ pub fn matvec_quant_shards_tuned(
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
     let batch = check_io("matvec_quant", x, out, opts.bias, n, k)?;
-    if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step) {
+    if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
+    {
         return Err(shape_err!(
             "matvec_quant: tuning {tuning:?} out of range (rows 1, 2 or 4, chunks 0, 1, 2 or 4)"
         ));

@@ -196,10 +196,7 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
         return Ok(f(values));
     }
     let parts: Vec<Vec<u8>> = std::thread::scope(|s| {
-        let handles: Vec<_> = values
-            .chunks(per)
-            .map(|c| s.spawn(move || f(c)))
-            .collect();
+        let handles: Vec<_> = values.chunks(per).map(|c| s.spawn(move || f(c))).collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("quantizer thread"))
@@ -251,7 +248,9 @@ mod tests {
     fn threaded_quantization_equals_one_pass() {
         // Over the threading threshold, with a length that splits unevenly over the threads.
         let n: usize = (1 << 21) + 32 * 7;
-        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1013) as f32 / 500.0 - 1.0).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1013) as f32 / 500.0 - 1.0)
+            .collect();
         assert_eq!(quantize(DType::Q4_0, &x).unwrap(), quantize_q4_0(&x));
         assert_eq!(quantize(DType::Q8_0, &x).unwrap(), quantize_q8_0(&x));
     }

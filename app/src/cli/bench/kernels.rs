@@ -147,7 +147,10 @@ pub fn run_all(
                         chunks_per_step: u,
                         trusted,
                     };
-                    let name = format!("sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}", u8::from(trusted));
+                    let name = format!(
+                        "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
+                        u8::from(trusted)
+                    );
                     let m = measure(
                         gpu,
                         &name,
