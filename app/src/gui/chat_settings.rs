@@ -131,11 +131,14 @@ pub fn model_row(
             ui.spinner();
             ui.label(format!("loading {}", model_name(&spec.path)));
         } else if let Some(spec) = &status.loaded {
-            ui.label(format!(
-                "loaded: {} (context {} tokens)",
-                model_name(&spec.path),
-                status.context
-            ));
+            ui.add(
+                egui::Label::new(format!(
+                    "loaded: {} (context {} tokens)",
+                    model_name(&spec.path),
+                    status.context
+                ))
+                .truncate(),
+            );
         } else {
             ui.weak("no model loaded");
         }

@@ -11,7 +11,7 @@ use egui_plot::{Legend, Line, Plot, PlotPoints, Points};
 use super::AppContext;
 use super::perf_device::{SelfTest, device_ui};
 use super::perf_kernels::{KernelRow, SortOrder, kernel_rows, kernel_table, sort_rows, timeline};
-use super::perf_log::{PerfLog, ProfiledRun};
+use super::perf_log::{PerfLog, ProfiledRun, ReplySpeed};
 use super::perf_vram::{DeviceMonitor, SAMPLE_EVERY, Sampler, vram_ui};
 use crate::paths::write_atomic;
 
@@ -93,11 +93,11 @@ impl PerformancePanel {
             {
                 app.save_settings();
             }
-            ui.weak("after each image job, one UNet step is timed dispatch by dispatch (costs a little time)");
+            ui.weak("after each chat reply one decode step, after each image one UNet step, is timed dispatch by dispatch (costs a little time)");
         });
         let run = lock(app).last_run.clone();
         let Some(run) = run else {
-            ui.label("No profiled run yet: turn on \"Profile runs\" and make an image.");
+            ui.label("No profiled run yet: turn on \"Profile runs\", then chat or make an image.");
             return;
         };
         let p = &run.profile;
@@ -167,18 +167,15 @@ fn throughput_ui(ui: &mut egui::Ui, perf: &PerfLog) {
                 "Chat replies: {} ({prompt} prompt tokens, {decoded} generated)",
                 perf.replies.len()
             ));
-            let decode: PlotPoints = perf
-                .replies
-                .iter()
-                .enumerate()
-                .map(|(i, r)| [i as f64 + 1.0, r.decode_tokens_per_s])
-                .collect();
-            let prefill: PlotPoints = perf
-                .replies
-                .iter()
-                .enumerate()
-                .map(|(i, r)| [i as f64 + 1.0, r.prefill_tokens_per_s])
-                .collect();
+            let series = |f: fn(&ReplySpeed) -> f64| -> Vec<[f64; 2]> {
+                perf.replies
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| [i as f64 + 1.0, f(r)])
+                    .collect()
+            };
+            let decode = series(|r| r.decode_tokens_per_s);
+            let prefill = series(|r| r.prefill_tokens_per_s);
             Plot::new("tokens per second")
                 .width(width)
                 .height(140.0)
@@ -188,8 +185,18 @@ fn throughput_ui(ui: &mut egui::Ui, perf: &PerfLog) {
                 .include_y(0.0)
                 .allow_scroll(false)
                 .show(ui, |plot| {
-                    plot.line(Line::new("decode", decode));
-                    plot.line(Line::new("prefill", prefill));
+                    // Lines join the replies; points keep a single reply visible.
+                    for (name, pts, color) in [
+                        ("decode", decode, egui::Color32::from_rgb(230, 120, 90)),
+                        ("prefill", prefill, egui::Color32::from_rgb(90, 150, 230)),
+                    ] {
+                        plot.line(Line::new(name, PlotPoints::from(pts.clone())).color(color));
+                        plot.points(
+                            Points::new(name, PlotPoints::from(pts))
+                                .color(color)
+                                .radius(3.0),
+                        );
+                    }
                 });
         });
         ui.vertical(|ui| {

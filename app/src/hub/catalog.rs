@@ -183,8 +183,8 @@ impl CatalogEntry {
     /// What the library will load: the GGUF file, or the folder.
     pub fn local_path(&self, models_dir: &Path) -> PathBuf {
         let dir = self.local_dir(models_dir);
-        match (self.format, self.files.as_slice()) {
-            (ModelFormat::Gguf, [one]) => dir.join(&one.path),
+        match self.files.as_slice() {
+            [one] if self.format.is_single_file() => dir.join(&one.path),
             _ => dir,
         }
     }

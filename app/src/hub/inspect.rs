@@ -33,8 +33,11 @@ pub fn inspect(path: &Path) -> Result<Inspected> {
         if has_ext(path, "gguf") {
             return inspect_gguf(path);
         }
+        if has_ext(path, "safetensors") {
+            return inspect_checkpoint(path);
+        }
         bail!(
-            "{} is not a GGUF file (Drift loads .gguf files and model folders)",
+            "{} is not a GGUF file or a .safetensors checkpoint (Drift loads those and model folders)",
             path.display()
         );
     }
@@ -169,6 +172,8 @@ struct HeaderStats {
     bytes_by_dtype: HashMap<String, u64>,
     params: u64,
     bytes: u64,
+    /// Some tensor has an LDM UNet name (`model.diffusion_model.*`): a single-file SD checkpoint.
+    ldm_unet: bool,
 }
 
 impl HeaderStats {
@@ -178,6 +183,7 @@ impl HeaderStats {
         }
         self.params += other.params;
         self.bytes += other.bytes;
+        self.ldm_unet |= other.ldm_unet;
     }
 }
 
@@ -214,6 +220,7 @@ fn safetensors_header(path: &Path) -> Result<HeaderStats> {
             .product::<Result<u64>>()?;
         let bytes = b.checked_sub(a).ok_or_else(bad)?;
         *stats.bytes_by_dtype.entry(dtype.to_string()).or_default() += bytes;
+        stats.ldm_unet |= name.starts_with("model.diffusion_model.");
         stats.params += numel;
         stats.bytes += bytes;
     }
@@ -312,6 +319,27 @@ fn inspect_diffusers(dir: &Path) -> Result<Inspected> {
     })
 }
 
+/// A single-file Stable Diffusion checkpoint (LDM key names); the engine decides at load whether it
+/// is an SD 1.x one it can run.
+fn inspect_checkpoint(path: &Path) -> Result<Inspected> {
+    let stats = safetensors_header(path)?;
+    if !stats.ldm_unet {
+        bail!(
+            "{}: not a Stable Diffusion checkpoint (no model.diffusion_model.* tensors); a language \
+             model's .safetensors belong in a folder with its config.json and tokenizer",
+            path.display()
+        );
+    }
+    Ok(Inspected {
+        kind: ModelKind::Diffusion,
+        format: ModelFormat::Checkpoint,
+        quantization: dominant(&stats.bytes_by_dtype).unwrap_or_else(|| "unknown".into()),
+        size_bytes: std::fs::metadata(path)?.len(),
+        weights_bytes: stats.bytes,
+        shape: None,
+    })
+}
+
 /// Bytes of every file under `dir`, following symlinks (the Hugging Face cache links snapshot
 /// files to blobs); partial downloads included, since they take disk space too.
 pub fn dir_size(dir: &Path) -> u64 {
@@ -385,6 +413,42 @@ mod tests {
             got.quantization
         );
         assert_eq!(got.size_bytes, dir_size(&dir));
+    }
+
+    #[test]
+    fn single_file_checkpoints_are_diffusion_models_and_other_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("drift-inspect-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = dir.join("dreamy.safetensors");
+        write_safetensors(
+            &ckpt,
+            &[
+                (
+                    "model.diffusion_model.input_blocks.0.0.weight",
+                    "F16",
+                    &[4, 4],
+                    32,
+                ),
+                ("first_stage_model.decoder.conv_in.weight", "F32", &[2], 8),
+            ],
+        );
+        let got = inspect(&ckpt).unwrap();
+        assert_eq!(
+            (got.kind, got.format, got.quantization.as_str()),
+            (ModelKind::Diffusion, ModelFormat::Checkpoint, "F16")
+        );
+        assert_eq!(
+            (got.weights_bytes, got.size_bytes),
+            (40, std::fs::metadata(&ckpt).unwrap().len())
+        );
+        let other = dir.join("model.safetensors");
+        write_safetensors(
+            &other,
+            &[("model.layers.0.mlp.up_proj.weight", "BF16", &[2, 2], 8)],
+        );
+        let err = format!("{:#}", inspect(&other).unwrap_err());
+        assert!(err.contains("not a Stable Diffusion checkpoint"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -22,6 +22,15 @@ pub enum ModelFormat {
     Safetensors,
     /// A diffusers pipeline folder (`model_index.json` and one folder per component).
     Diffusers,
+    /// One Stable Diffusion `.safetensors` checkpoint with the original (CompVis/LDM) key names.
+    Checkpoint,
+}
+
+impl ModelFormat {
+    /// Stored as one file (not a folder).
+    pub fn is_single_file(self) -> bool {
+        matches!(self, ModelFormat::Gguf | ModelFormat::Checkpoint)
+    }
 }
 
 impl fmt::Display for ModelKind {
@@ -39,6 +48,7 @@ impl fmt::Display for ModelFormat {
             ModelFormat::Gguf => "gguf",
             ModelFormat::Safetensors => "safetensors",
             ModelFormat::Diffusers => "diffusers",
+            ModelFormat::Checkpoint => "checkpoint",
         })
     }
 }

@@ -179,11 +179,12 @@ fn find_models(dir: &Path, depth: u32, found: &mut Vec<PathBuf>) {
         }
         if p.is_dir() {
             find_models(&p, depth + 1, found);
-        } else if p
-            .extension()
-            .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
-            && p.is_file()
+        } else if p.extension().is_some_and(|x| {
+            x.eq_ignore_ascii_case("gguf") || x.eq_ignore_ascii_case("safetensors")
+        }) && p.is_file()
         {
+            // Loose .safetensors files are Stable Diffusion checkpoints (an LLM's live in a folder
+            // with its config); anything else fails inspection and is skipped with a log line.
             found.push(p);
         }
     }
@@ -378,7 +379,7 @@ pub fn remove(roots: &Roots, entry: &LibraryEntry) -> Result<String> {
                 .find(|a| a.parent() == Some(cache))
                 .ok_or_else(|| anyhow!("{} is not in the hub cache", entry.path.display()))?
                 .to_path_buf();
-            if entry.format == ModelFormat::Gguf {
+            if entry.format.is_single_file() {
                 // One file of the repo: its blob and the snapshot link to it.
                 if let Ok(blob) = std::fs::canonicalize(&entry.path)
                     && blob.starts_with(&repo_dir)
