@@ -1,7 +1,5 @@
-// Token selection on the GPU, so a decode step reads back a token id (greedy) or a short candidate list
-// (sampling), never the logits.
-//   argmax: the id of the largest logit (lowest id on ties, as torch.argmax), written to out[0] (the
-//           next step's input) and to history[step[0]] (the token's position).
+// Token selection on the GPU, so a decode step reads back a token id (greedy, sample_argmax.wgsl) or a
+// short candidate list (sampling), never the logits.
 //   topk:   repetition penalty over the last `window` tokens of history, then the k largest logits as
 //           (id, value) pairs, plus max and sum(exp((l - max) * inv_temp)) over the whole vocabulary so
 //           the host can turn candidate logits into exact probabilities.
@@ -14,8 +12,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
-// argmax: the token ids tensor (next step's input); topk: the candidates [k * 2 + 2] (ids and value bits
-// interleaved, then max and sum).
+// The candidates [k * 2 + 2] (ids and value bits interleaved, then max and sum).
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
@@ -53,15 +50,6 @@ fn reduce_argmax(lid: u32) -> vec2<u32> {
     let r = vec2<u32>(best_i[0], bitcast<u32>(best_v[0]));
     workgroupBarrier();
     return r;
-}
-
-@compute @workgroup_size(256)
-fn argmax(@builtin(local_invocation_index) lid: u32) {
-    let r = reduce_argmax(lid);
-    if lid == 0u {
-        out[p.off_out] = r.x;
-        history[p.off_hist + step[p.off_step]] = r.x;
-    }
 }
 
 @compute @workgroup_size(256)

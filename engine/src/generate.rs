@@ -249,7 +249,7 @@ impl LlmSession {
     ) -> Result<()> {
         let m = &self.model;
         if greedy {
-            p.push(m.argmax_dispatch(gpu)?);
+            p.extend(m.argmax_dispatches(gpu)?);
         } else {
             p.push(topk(
                 gpu,
@@ -349,7 +349,7 @@ impl LlmSession {
         m.set_step(gpu, pos + 1, pos)?;
         let mut step = Program::new();
         step.extend(m.decode_program().dispatches.iter().cloned());
-        step.push(m.argmax_dispatch(gpu)?);
+        step.extend(m.argmax_dispatches(gpu)?);
         step.run_profiled(gpu, profiler)
     }
 

@@ -17,28 +17,61 @@ fn check(logits: &Tensor, step: &Tensor, history: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// `ids[0] = history[step[0]] = argmax(logits)`.
+/// `ids[0] = history[step[0]] = argmax(logits)` (lowest id on ties), as two dispatches
+/// (`shaders/sample_argmax.wgsl`): workgroups over the whole device reduce slices of the vocabulary into a
+/// small scratch of (id, value) pairs, then one workgroup reduces those.
 pub fn argmax(
     gpu: &Gpu,
     logits: &Tensor,
     ids: &Tensor,
     history: &Tensor,
     step: &Tensor,
-) -> Result<Dispatch> {
+) -> Result<Vec<Dispatch>> {
     check(logits, step, history)?;
-    let kernel = gpu.kernel(&KernelSpec::new("argmax", shader!("sample.wgsl"), "argmax"))?;
-    let v = logits.numel() as u32;
-    gpu.dispatch(
-        &kernel,
-        &[v, 0, 0, 1f32.to_bits(), 1f32.to_bits()],
-        &[logits, ids, history, step],
-        [1, 1, 1],
-        Cost {
-            flops: v as f64,
-            bytes: v as f64 * 4.0,
-        },
-    )
+    let v = logits.numel();
+    if v == 0 || v > u32::MAX as usize / 2 {
+        return Err(shape_err!("argmax over {v} logits"));
+    }
+    // Four logits per lane per workgroup at most 256 workgroups: the loads of a lane are independent.
+    let parts = v.div_ceil(ARGMAX_WG * 4).clamp(1, 256);
+    let partial = gpu.tensor(
+        "argmax partials",
+        &[2 * parts],
+        DType::U32,
+        crate::Category::Activations,
+    )?;
+    let src = shader!("sample_argmax.wgsl");
+    let first =
+        gpu.kernel(&KernelSpec::new("argmax_partial", src, "argmax_partial").define("FINAL", 0))?;
+    let last =
+        gpu.kernel(&KernelSpec::new("argmax_final", src, "argmax_final").define("FINAL", 1))?;
+    let (v, parts) = (v as u32, parts as u32);
+    Ok(vec![
+        gpu.dispatch(
+            &first,
+            &[v, parts],
+            &[logits, &partial],
+            [parts, 1, 1],
+            Cost {
+                flops: v as f64,
+                bytes: v as f64 * 4.0,
+            },
+        )?,
+        gpu.dispatch(
+            &last,
+            &[v, parts],
+            &[&partial, ids, history, step],
+            [1, 1, 1],
+            Cost {
+                flops: parts as f64,
+                bytes: parts as f64 * 8.0,
+            },
+        )?,
+    ])
 }
+
+/// Threads per workgroup of both argmax passes (fixed in the shader).
+const ARGMAX_WG: usize = 256;
 
 /// Settings of the candidate kernel (host-side sampling finishes the job).
 #[derive(Clone, Copy, Debug)]

@@ -310,7 +310,7 @@ impl LlamaModel {
         self.decode.as_ref().expect("built in new")
     }
 
-    pub fn argmax_dispatch(&self, gpu: &Gpu) -> Result<Dispatch> {
+    pub fn argmax_dispatches(&self, gpu: &Gpu) -> Result<Vec<Dispatch>> {
         let ids = self.ids.view(0, &[1])?;
         argmax(gpu, &self.logits, &ids, &self.history, &self.step)
     }

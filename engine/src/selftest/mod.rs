@@ -12,6 +12,7 @@ pub mod matvec;
 pub mod norm;
 pub mod quant;
 pub mod rope;
+pub mod sample;
 pub mod softmax;
 
 use rand::rngs::StdRng;
@@ -156,5 +157,6 @@ pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     all.extend(embedding::checks(gpu, rng)?);
     all.extend(layout::checks(gpu, rng)?);
     all.extend(quant::checks(gpu, rng)?);
+    all.extend(sample::checks(gpu, rng)?);
     Ok(all)
 }

@@ -13,4 +13,5 @@ mod matvec;
 mod norm;
 mod quant;
 mod rope;
+mod sample;
 mod softmax;
