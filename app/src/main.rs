@@ -4,6 +4,8 @@ mod cli;
 mod gui;
 mod hub;
 mod paths;
+mod remote;
+mod serve;
 mod settings;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +40,8 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Find, download, list and delete models.
     Models(cli::models::ModelsArgs),
+    /// Serve the models over an OpenAI-compatible HTTP API.
+    Serve(cli::serve::ServeArgs),
 }
 
 fn main() {
@@ -56,6 +60,7 @@ fn main() {
         Some(Command::Chat(a)) => cli::chat::run(&options, &a),
         Some(Command::Image(a)) => cli::image::run(&options, &a),
         Some(Command::Models(a)) => cli::models::run(&a),
+        Some(Command::Serve(a)) => cli::serve::run(&options, &a),
     };
     if let Err(e) = result {
         eprintln!("drift: {e:#}");

@@ -7,3 +7,4 @@ pub mod image;
 pub mod info;
 pub mod models;
 pub mod selftest;
+pub mod serve;

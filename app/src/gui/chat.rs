@@ -1,19 +1,21 @@
-//! The Chat tab: saved conversations on the left, the model picker and the transcript in the middle,
-//! the conversation's settings on the right. Replies stream from the LLM worker thread; conversations
-//! are saved after every message, every finished reply and every few seconds while a reply streams.
+//! The Chat tab: saved conversations on the left, the backend (a local model or a remote server) and
+//! the transcript in the middle, the conversation's settings on the right. Replies stream from the LLM
+//! worker thread (or a remote server's thread); conversations are saved after every message, every
+//! finished reply and every few seconds while a reply streams.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drift_engine::generate::StopReason;
 use drift_engine::tokenize::chat_template::Message;
 use eframe::egui;
 
 use super::chat_library::ChatLibrary;
 use super::chat_list::{self, ListAction, ListState};
+use super::chat_remote::{self, RemoteModels};
+use super::chat_remote_worker::RemoteReplyRequest;
 use super::chat_settings::{self, ModelStatus, PickerAction, PickerState};
 use super::chat_transcript::{self, TranscriptAction, TranscriptState};
 use super::conversations::{
-    ChatMessage, ChatSettings, Conversation, ConversationStore, ReplyStats, Role, unix_now,
+    Backend, ChatMessage, ChatSettings, Conversation, ConversationStore, Role, unix_now,
 };
 use super::llm_worker::{Command, Event, LlmWorker, ModelSpec, ReplyRequest};
 use super::{AppContext, Tab};
@@ -26,8 +28,11 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// The reply being written.
 pub struct ReplyJob {
     pub conv_id: String,
-    /// The worker has the device and the model (before that it waits in the GPU queue or loads).
+    /// The worker has the device and the model (before that it waits in the GPU queue or loads), or
+    /// the request went to the server.
     pub started: bool,
+    /// From a remote server.
+    pub remote: bool,
     pub pieces: usize,
     last_save: Instant,
 }
@@ -47,6 +52,8 @@ pub struct ChatPanel {
     transcript: TranscriptState,
     picker: PickerState,
     pub library: ChatLibrary,
+    /// The model list of the current conversation's server.
+    pub remote_models: RemoteModels,
     /// The current conversation's settings changed at this moment and are not saved yet.
     dirty_since: Option<Instant>,
 }
@@ -76,6 +83,7 @@ impl ChatPanel {
             transcript: TranscriptState::default(),
             picker: PickerState::default(),
             library: ChatLibrary::default(),
+            remote_models: RemoteModels::default(),
             dirty_since: None,
         };
         panel.library.refresh(app);
@@ -83,6 +91,7 @@ impl ChatPanel {
             Some(c) => panel.current = c.id.clone(),
             None => panel.new_conversation(app),
         }
+        panel.list_models_if_remote(app);
         panel
     }
 
@@ -129,19 +138,26 @@ impl ChatPanel {
         {
             return; // already on a blank one
         }
-        let (model, settings, system) = match self.index_of(&self.current) {
+        let (model, settings, system, backend) = match self.index_of(&self.current) {
             Some(i) => {
                 let c = &self.conversations[i];
-                (c.model.clone(), c.settings.clone(), c.system_prompt.clone())
+                (
+                    c.model.clone(),
+                    c.settings.clone(),
+                    c.system_prompt.clone(),
+                    c.backend.clone(),
+                )
             }
             None => (
                 app.settings.last_chat_model.clone(),
                 ChatSettings::default(),
                 String::new(),
+                Backend::default(),
             ),
         };
         let mut c = Conversation::new(self.store.fresh_id(), model, settings);
         c.system_prompt = system;
+        c.backend = backend;
         self.current = c.id.clone();
         self.conversations.push(c);
         self.transcript.editing = None;
@@ -150,6 +166,8 @@ impl ChatPanel {
     /// Applies what the worker sent since the last frame (every frame, whichever tab is visible).
     pub fn poll(&mut self, app: &mut AppContext) {
         self.library.poll();
+        self.remote_models.poll();
+        self.pick_the_only_remote_model();
         while let Ok(ev) = self.worker.events.try_recv() {
             self.apply(ev, app);
         }
@@ -169,6 +187,14 @@ impl ChatPanel {
         }
         if self.model.loading.is_some() {
             app.activity.push("Chat: loading model".into());
+        } else if let Some(job) = &self.job
+            && job.remote
+        {
+            app.activity.push(if job.started {
+                format!("Chat: receiving from the server ({} pieces)", job.pieces)
+            } else {
+                "Chat: waiting for the server".into()
+            });
         } else if let Some(job) = &self.job {
             app.activity.push(if job.started {
                 format!("Chat: generating ({} tokens)", job.pieces)
@@ -210,20 +236,11 @@ impl ChatPanel {
                     m.content.push_str(&p);
                 }
             }
-            Event::Done {
-                generation: g,
-                prefill_tokens,
-            } => {
+            Event::Done { text, stats } => {
                 let Some(job) = self.job.take() else { return };
                 if let Some(m) = last_reply(&mut self.conversations, &job.conv_id) {
-                    m.content = g.text.clone();
-                    m.stats = Some(ReplyStats {
-                        prefill_tokens,
-                        prefill_tokens_per_s: g.prefill_tokens_per_s,
-                        decode_tokens: g.tokens.len(),
-                        decode_tokens_per_s: g.decode_tokens_per_s,
-                        stop_reason: stop_reason_name(g.stop_reason),
-                    });
+                    m.content = text;
+                    m.stats = Some(stats);
                 }
                 self.finish(&job.conv_id);
             }
@@ -248,12 +265,21 @@ impl ChatPanel {
     fn request_reply(&mut self, app: &AppContext) {
         let i = self.current_index();
         let c = &mut self.conversations[i];
-        let Some(path) = c.model.clone() else {
+        let remote = c.backend.use_remote;
+        let missing = if remote {
+            (!c.backend.remote.is_complete())
+                .then_some("no server or model chosen: fill them in above, then Regenerate")
+        } else {
+            c.model
+                .is_none()
+                .then_some("no model chosen: pick one above, then Regenerate")
+        };
+        if let Some(why) = missing {
             let mut m = ChatMessage::new(Role::Assistant, "");
-            m.error = Some("no model chosen: pick one above, then Regenerate".into());
+            m.error = Some(why.into());
             c.messages.push(m);
             return;
-        };
+        }
         let mut messages = Vec::new();
         if !c.system_prompt.trim().is_empty() {
             messages.push(Message::new("system", c.system_prompt.trim()));
@@ -267,24 +293,56 @@ impl ChatPanel {
         );
         c.messages.push(ChatMessage::new(Role::Assistant, ""));
         c.updated = unix_now();
-        let request = ReplyRequest {
-            model: ModelSpec {
-                path,
-                context: c.settings.context_length,
-            },
-            messages,
-            options: c.settings.generate_options(fresh_seed()),
-            profile: app.settings.profiling,
-        };
         self.job = Some(ReplyJob {
             conv_id: c.id.clone(),
             started: false,
+            remote,
             pieces: 0,
             last_save: Instant::now(),
         });
+        if remote {
+            self.worker.reply_remote(RemoteReplyRequest {
+                server: c.backend.remote.clone(),
+                messages,
+                sampling: c.settings.remote_sampling(),
+            });
+        } else if let Some(path) = c.model.clone() {
+            self.worker.send(Command::Reply(ReplyRequest {
+                model: ModelSpec {
+                    path,
+                    context: c.settings.context_length,
+                },
+                messages,
+                options: c.settings.generate_options(fresh_seed()),
+                profile: app.settings.profiling,
+            }));
+        }
         let id = c.id.clone();
         self.save(&id);
-        self.worker.send(Command::Reply(request));
+    }
+
+    /// Lists the current conversation's server's models when it uses one and they are not listed yet.
+    fn list_models_if_remote(&mut self, app: &AppContext) {
+        let c = self.current_conversation();
+        if c.backend.use_remote {
+            let server = c.backend.remote.clone();
+            self.remote_models.ensure_for(&app.egui_ctx, &server);
+        }
+    }
+
+    /// A remote conversation without a model takes the server's only one.
+    fn pick_the_only_remote_model(&mut self) {
+        let [only] = self.remote_models.models.as_slice() else {
+            return;
+        };
+        let Some(i) = self.index_of(&self.current) else {
+            return;
+        };
+        let backend = &mut self.conversations[i].backend;
+        if backend.use_remote && backend.remote.model.trim().is_empty() {
+            backend.remote.model = only.clone();
+            self.dirty_since = Some(Instant::now());
+        }
     }
 
     fn send_input(&mut self, app: &AppContext) {
@@ -311,6 +369,7 @@ impl ChatPanel {
                 }
                 self.current = id;
                 self.transcript.editing = None;
+                self.list_models_if_remote(app);
             }
             ListAction::Rename { id, title } => {
                 let Some(i) = self.index_of(&id) else { return };
@@ -402,16 +461,34 @@ impl ChatPanel {
                 egui::ScrollArea::vertical()
                     .id_salt("chat settings scroll")
                     .show(ui, |ui| {
-                        chat_settings::settings_ui(ui, &mut conv.system_prompt, &mut conv.settings)
+                        chat_settings::settings_ui(
+                            ui,
+                            &mut conv.system_prompt,
+                            &mut conv.settings,
+                            conv.backend.use_remote,
+                        )
                     })
                     .inner
             })
             .inner;
         let model_before = conv.model.clone();
-        let picker_action = egui::Panel::top("chat model")
+        let (picker_action, backend_change) = egui::Panel::top("chat model")
             .show(ui, |ui| {
                 ui.add_space(4.0);
-                chat_settings::model_row(
+                let mut change =
+                    chat_remote::backend_choice(ui, &mut conv.backend, busy_id.is_some());
+                if conv.backend.use_remote {
+                    let rows = chat_remote::remote_rows(
+                        ui,
+                        &mut conv.backend.remote,
+                        &mut self.remote_models,
+                    );
+                    change.edited |= rows.edited;
+                    change.list_models |= rows.list_models;
+                    ui.add_space(4.0);
+                    return (None, change);
+                }
+                let action = chat_settings::model_row(
                     ui,
                     app,
                     &mut self.picker,
@@ -419,11 +496,19 @@ impl ChatPanel {
                     &mut conv.model,
                     &self.model,
                     busy_id.is_some(),
-                )
+                );
+                (action, change)
             })
             .inner;
-        if settings_changed || conv.model != model_before {
+        if settings_changed || backend_change.edited || conv.model != model_before {
             self.dirty_since = Some(Instant::now());
+        }
+        if backend_change.list_models
+            && conv.backend.use_remote
+            && !conv.backend.remote.url.trim().is_empty()
+        {
+            let server = conv.backend.remote.clone();
+            self.remote_models.refresh(&app.egui_ctx, &server);
         }
         if let Some(PickerAction::Load) = picker_action
             && let Some(path) = conv.model.clone()
@@ -472,8 +557,13 @@ impl ChatPanel {
                     self.worker.stop();
                 }
             } else {
-                let ready =
-                    self.current_conversation().model.is_some() && !self.input.trim().is_empty();
+                let c = self.current_conversation();
+                let has_model = if c.backend.use_remote {
+                    c.backend.remote.is_complete()
+                } else {
+                    c.model.is_some()
+                };
+                let ready = has_model && !self.input.trim().is_empty();
                 let clicked = ui
                     .add_enabled(ready, egui::Button::new("Send"))
                     .on_disabled_hover_text("choose a model and type a message")
@@ -516,8 +606,24 @@ impl ChatPanel {
 
     fn empty_state(&self, ui: &mut egui::Ui, app: &mut AppContext) {
         ui.add_space(40.0);
+        let backend = &self.current_conversation().backend;
         ui.vertical_centered(|ui| {
-            if self.model.loaded.is_none() && self.model.loading.is_none() {
+            if backend.use_remote {
+                let r = &backend.remote;
+                if r.is_complete() {
+                    ui.label(format!(
+                        "Replies come from {} at {}. Send a message to start.",
+                        r.model.trim(),
+                        r.url.trim()
+                    ));
+                } else {
+                    ui.heading("No server chosen");
+                    ui.label(
+                        "Enter an OpenAI-compatible server's URL above (vLLM, Ollama, llama.cpp, \
+                         LM Studio or drift serve), press Refresh and pick one of its models.",
+                    );
+                }
+            } else if self.model.loaded.is_none() && self.model.loading.is_none() {
                 ui.heading("No model loaded");
                 ui.label(
                     "Choose a model above (a .gguf file or a Hugging Face folder) and press Load, \
@@ -554,13 +660,6 @@ fn last_reply<'a>(convs: &'a mut [Conversation], id: &str) -> Option<&'a mut Cha
         .messages
         .last_mut()
         .filter(|m| m.role == Role::Assistant)
-}
-
-fn stop_reason_name(r: StopReason) -> String {
-    serde_json::to_value(r)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{r:?}"))
 }
 
 /// A new seed per reply when the conversation has none fixed.

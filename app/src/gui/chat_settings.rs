@@ -157,8 +157,14 @@ pub fn model_name(path: &std::path::Path) -> String {
     )
 }
 
-/// The settings column. Returns whether anything changed (the conversation is then saved).
-pub fn settings_ui(ui: &mut egui::Ui, system_prompt: &mut String, s: &mut ChatSettings) -> bool {
+/// The settings column. Returns whether anything changed (the conversation is then saved). `remote`:
+/// replies come from a server, which takes only the OpenAI API's fields (the rest is hidden).
+pub fn settings_ui(
+    ui: &mut egui::Ui,
+    system_prompt: &mut String,
+    s: &mut ChatSettings,
+    remote: bool,
+) -> bool {
     let mut changed = false;
     ui.add_space(4.0);
     let label = ui.label("System prompt");
@@ -192,6 +198,11 @@ pub fn settings_ui(ui: &mut egui::Ui, system_prompt: &mut String, s: &mut ChatSe
                     .speed(0.01),
                 "1 = off",
             );
+            if remote {
+                changed |= max_tokens_row(ui, &mut s.max_tokens);
+                changed |= seed_row(ui, &mut s.seed);
+                return;
+            }
             changed |= drag_row(
                 ui,
                 "Top-k",
@@ -214,14 +225,7 @@ pub fn settings_ui(ui: &mut egui::Ui, system_prompt: &mut String, s: &mut ChatSe
                     .speed(0.01),
                 "1 = off",
             );
-            changed |= drag_row(
-                ui,
-                "Max tokens",
-                egui::DragValue::new(&mut s.max_tokens)
-                    .range(1..=131072)
-                    .speed(4.0),
-                "longest reply",
-            );
+            changed |= max_tokens_row(ui, &mut s.max_tokens);
             changed |= drag_row(
                 ui,
                 "Context length",
@@ -232,7 +236,24 @@ pub fn settings_ui(ui: &mut egui::Ui, system_prompt: &mut String, s: &mut ChatSe
             );
             changed |= seed_row(ui, &mut s.seed);
         });
+    if remote {
+        ui.weak(
+            "A server takes temperature, top-p, max tokens and seed; top-k, min-p, the repeat \
+             penalty and the context length are the server's own.",
+        );
+    }
     changed
+}
+
+fn max_tokens_row(ui: &mut egui::Ui, max_tokens: &mut usize) -> bool {
+    drag_row(
+        ui,
+        "Max tokens",
+        egui::DragValue::new(max_tokens)
+            .range(1..=131072)
+            .speed(4.0),
+        "longest reply",
+    )
 }
 
 fn drag_row(ui: &mut egui::Ui, name: &str, drag: egui::DragValue<'_>, hint: &str) -> bool {

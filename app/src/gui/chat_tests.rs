@@ -14,7 +14,7 @@ use super::conversations::{ChatMessage, Role};
 use super::test_support::{step_until, temp_root, test_app};
 
 /// Loading and replies on lavapipe take seconds; this bounds a hang, not a slow machine.
-const PATIENCE: Duration = Duration::from_secs(60);
+pub(super) const PATIENCE: Duration = Duration::from_secs(60);
 
 fn fixture_model() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/llm/llama3-rope-tied")
@@ -23,7 +23,7 @@ fn fixture_model() -> PathBuf {
 /// The whole app on a fresh harness. The fixture's random weights write arbitrary characters (U+FFFD
 /// among them) that the bundled fonts lack: draw tofu for them as the real window does, instead of the
 /// harness's default panic.
-fn chat_harness(root: &std::path::Path) -> Harness<'static, DriftApp> {
+pub(super) fn chat_harness(root: &std::path::Path) -> Harness<'static, DriftApp> {
     Harness::builder()
         .with_size(eframe::egui::vec2(1100.0, 720.0))
         .allow_missing_glyphs()
@@ -32,14 +32,14 @@ fn chat_harness(root: &std::path::Path) -> Harness<'static, DriftApp> {
 }
 
 /// Types `text` into the text field labelled `label`.
-fn type_into(h: &mut Harness<'static, DriftApp>, label: &str, text: &str) {
+pub(super) fn type_into(h: &mut Harness<'static, DriftApp>, label: &str, text: &str) {
     h.get_by_label(label).focus();
     h.run();
     h.get_by_label(label).type_text(text);
     h.run();
 }
 
-fn set_number(h: &mut Harness<'static, DriftApp>, label: &str, value: f64) {
+pub(super) fn set_number(h: &mut Harness<'static, DriftApp>, label: &str, value: f64) {
     h.get_by_label(label).set_value_accesskit(value);
     h.run();
 }
@@ -70,14 +70,14 @@ fn load_fixture(h: &mut Harness<'static, DriftApp>) {
     h.get_by_label_contains("loaded: llama3-rope-tied (context 256 tokens)");
 }
 
-fn send(h: &mut Harness<'static, DriftApp>, text: &str) {
+pub(super) fn send(h: &mut Harness<'static, DriftApp>, text: &str) {
     type_into(h, "Message", text);
     h.get_by_label("Send").click();
     h.step();
     assert!(h.state().chat.is_generating(), "Send started a reply");
 }
 
-fn last_content(h: &Harness<'static, DriftApp>) -> String {
+pub(super) fn last_content(h: &Harness<'static, DriftApp>) -> String {
     let c = h.state().chat.current_conversation();
     c.messages
         .last()
@@ -85,7 +85,7 @@ fn last_content(h: &Harness<'static, DriftApp>) -> String {
         .unwrap_or_default()
 }
 
-fn wait_for_reply(h: &mut Harness<'static, DriftApp>) {
+pub(super) fn wait_for_reply(h: &mut Harness<'static, DriftApp>) {
     step_until(h, PATIENCE, "the reply to finish", |h| {
         !h.state().chat.is_generating()
     });

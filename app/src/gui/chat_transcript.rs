@@ -137,7 +137,8 @@ fn reply(
     action
 }
 
-/// "42 tokens · prefill 18 tokens at 350 tok/s · decode 21.3 tok/s · end of text".
+/// "42 tokens · prefill 18 tokens at 350 tok/s · decode 21.3 tok/s · end of text"; without the
+/// prefill part when the prompt's size is unknown (a server that reports no usage).
 pub fn stats_line(s: &ReplyStats) -> String {
     let why = match s.stop_reason.as_str() {
         "eos" => "end of text",
@@ -147,6 +148,12 @@ pub fn stats_line(s: &ReplyStats) -> String {
         "stop_string" => "stop string",
         other => other,
     };
+    if s.prefill_tokens == 0 {
+        return format!(
+            "{} tokens · decode {:.1} tok/s · {why}",
+            s.decode_tokens, s.decode_tokens_per_s
+        );
+    }
     format!(
         "{} tokens · prefill {} tokens at {:.0} tok/s · decode {:.1} tok/s · {why}",
         s.decode_tokens, s.prefill_tokens, s.prefill_tokens_per_s, s.decode_tokens_per_s

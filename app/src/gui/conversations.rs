@@ -10,6 +10,7 @@ use drift_engine::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
 
 use crate::paths::write_atomic;
+use crate::remote::Sampling;
 
 /// What the user sets per conversation. `seed: None` draws a fresh seed for every reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,6 +58,78 @@ impl ChatSettings {
             },
             max_tokens: self.max_tokens.max(1),
             stop: vec![],
+        }
+    }
+
+    /// The OpenAI API's fields for a remote server; without a fixed seed the server picks one.
+    pub fn remote_sampling(&self) -> Sampling {
+        Sampling {
+            temperature: Some(self.temperature),
+            top_p: Some(self.top_p),
+            max_tokens: Some(self.max_tokens.max(1)),
+            seed: self.seed,
+            stop: vec![],
+        }
+    }
+}
+
+/// Where a conversation's replies come from. Old files without it load as local.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Backend {
+    /// Replies come from `remote` instead of the local engine (the server stays filled in when the
+    /// user switches back to local).
+    pub use_remote: bool,
+    pub remote: RemoteServer,
+}
+
+/// An OpenAI-compatible server and one of its models. The API key is written to the conversation's
+/// file only when `remember_key` is set; otherwise it lives in memory until the app closes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StoredServer", into = "StoredServer")]
+pub struct RemoteServer {
+    pub url: String,
+    pub model: String,
+    pub api_key: String,
+    pub remember_key: bool,
+}
+
+impl RemoteServer {
+    /// Enough to send a request.
+    pub fn is_complete(&self) -> bool {
+        !self.url.trim().is_empty() && !self.model.trim().is_empty()
+    }
+}
+
+/// `RemoteServer` as it is written to disk.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(default)]
+struct StoredServer {
+    url: String,
+    model: String,
+    remember_key: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<String>,
+}
+
+impl From<RemoteServer> for StoredServer {
+    fn from(r: RemoteServer) -> StoredServer {
+        StoredServer {
+            api_key: (r.remember_key && !r.api_key.is_empty()).then_some(r.api_key),
+            url: r.url,
+            model: r.model,
+            remember_key: r.remember_key,
+        }
+    }
+}
+
+impl From<StoredServer> for RemoteServer {
+    fn from(s: StoredServer) -> RemoteServer {
+        RemoteServer {
+            url: s.url,
+            model: s.model,
+            api_key: s.api_key.unwrap_or_default(),
+            remember_key: s.remember_key,
         }
     }
 }
@@ -132,6 +205,8 @@ pub struct Conversation {
     #[serde(default)]
     pub settings: ChatSettings,
     #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
     pub messages: Vec<ChatMessage>,
 }
 
@@ -150,6 +225,7 @@ impl Conversation {
             model,
             system_prompt: String::new(),
             settings,
+            backend: Backend::default(),
             messages: Vec::new(),
         }
     }
@@ -429,7 +505,43 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].id, "chat-5-0");
         assert_eq!(c[0].settings, ChatSettings::default());
+        assert_eq!(c[0].backend, Backend::default(), "no backend: local");
+        assert!(!c[0].backend.use_remote);
         assert_eq!(c[0].messages[0].role, Role::User);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_remote_backend_is_saved_and_its_key_only_when_remembered() {
+        let (root, store) = temp_store("remote");
+        let mut c = sample(&store, "hello server");
+        c.backend = Backend {
+            use_remote: true,
+            remote: RemoteServer {
+                url: "http://gpu-box:8000/v1".into(),
+                model: "Qwen/Qwen2.5-72B-Instruct".into(),
+                api_key: "sk-session-only".into(),
+                remember_key: false,
+            },
+        };
+        store.save(&c).unwrap();
+        let text = std::fs::read_to_string(store.path_of(&c.id)).unwrap();
+        assert!(!text.contains("sk-session-only"), "{text}");
+        assert!(text.contains("gpu-box:8000"));
+        let loaded = store.load_all().conversations.remove(0);
+        assert!(loaded.backend.use_remote);
+        assert_eq!(loaded.backend.remote.model, "Qwen/Qwen2.5-72B-Instruct");
+        assert_eq!(loaded.backend.remote.api_key, "", "not remembered");
+
+        c.backend.remote.remember_key = true;
+        store.save(&c).unwrap();
+        assert!(
+            std::fs::read_to_string(store.path_of(&c.id))
+                .unwrap()
+                .contains("sk-session-only")
+        );
+        let loaded = store.load_all().conversations.remove(0);
+        assert_eq!(loaded.backend, c.backend);
         let _ = std::fs::remove_dir_all(&root);
     }
 

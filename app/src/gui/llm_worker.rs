@@ -1,6 +1,7 @@
 //! The LLM worker thread: owns the loaded model (on the app's shared GPU device) so the UI never blocks.
 //! Commands go in over a channel; streamed text and results come back, each followed by a repaint.
 //! Every load and every reply holds the app's GPU queue, so chat and image jobs take turns on the device.
+//! Replies from a remote server run on a thread of their own (no GPU, no queue) and send the same events.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use drift_engine::profiler::Profiler;
 use drift_engine::tokenize::chat_template::Message;
 use eframe::egui;
 
+use super::chat_remote_worker::{self, RemoteReplyRequest};
+use super::conversations::ReplyStats;
 use super::gpu_queue::GpuQueue;
 use super::perf_log::{ProfiledRun, ReplySpeed, SharedPerfLog};
 
@@ -48,15 +51,17 @@ pub enum Event {
         context: usize,
     },
     LoadFailed(String),
-    /// The worker has the GPU and the model: prefill starts.
+    /// The worker has the GPU and the model (or sent the request to the server): the reply starts.
     Started,
-    /// Streamed text of one decoded token (tokens that end inside a UTF-8 character send nothing).
+    /// Streamed text of one decoded token (tokens that end inside a UTF-8 character send nothing), or
+    /// one chunk from a server.
     Piece(String),
-    /// `prefill_tokens`: prompt tokens actually run (the rest came from the KV cache).
+    /// The whole reply (stopped ones too) with its counts and speeds.
     Done {
-        generation: Generation,
-        prefill_tokens: usize,
+        text: String,
+        stats: ReplyStats,
     },
+    /// Why the reply failed; the pieces sent before are what there is of it.
     Failed(String),
 }
 
@@ -64,6 +69,11 @@ pub struct LlmWorker {
     /// `None` once dropped (the thread then ends).
     commands: Option<Sender<Command>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The latest remote reply's thread.
+    remote: Option<std::thread::JoinHandle<()>>,
+    /// The events' sending side, for remote replies.
+    events_tx: Sender<Event>,
+    ctx: egui::Context,
     pub events: Receiver<Event>,
     /// Set to stop the reply in progress (or one still waiting for the GPU).
     pub cancel: Arc<AtomicBool>,
@@ -96,8 +106,8 @@ impl LlmWorker {
             queue,
             perf,
             cancel: cancel.clone(),
-            events: tx,
-            ctx,
+            events: tx.clone(),
+            ctx: ctx.clone(),
             session: None,
             profiler: Profiler::new(),
         };
@@ -113,8 +123,36 @@ impl LlmWorker {
         LlmWorker {
             commands: Some(commands),
             thread: Some(thread),
+            remote: None,
+            events_tx: tx,
+            ctx,
             events,
             cancel,
+        }
+    }
+
+    /// Streams a reply from a remote server on a thread of its own; Stop works as for local replies.
+    pub fn reply_remote(&mut self, req: RemoteReplyRequest) {
+        // Only one reply runs at a time (the panel sends the next after Done/Failed).
+        if let Some(t) = self.remote.take() {
+            let _ = t.join();
+        }
+        self.cancel.store(false, Ordering::SeqCst);
+        let (events, ctx, cancel) = (
+            self.events_tx.clone(),
+            self.ctx.clone(),
+            self.cancel.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("drift-remote-reply".into())
+            .spawn(move || chat_remote_worker::reply(req, &events, &ctx, &cancel));
+        match spawned {
+            Ok(t) => self.remote = Some(t),
+            Err(e) => {
+                let _ = self
+                    .events_tx
+                    .send(Event::Failed(format!("could not start the request: {e}")));
+            }
         }
     }
 
@@ -139,6 +177,9 @@ impl Drop for LlmWorker {
         self.stop();
         self.commands = None;
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.remote.take() {
             let _ = t.join();
         }
     }
@@ -196,15 +237,14 @@ impl WorkerState {
         if self.cancel.load(Ordering::SeqCst) {
             // Stopped while waiting for the device or the model.
             self.send(Event::Done {
-                generation: Generation {
-                    text: String::new(),
-                    tokens: Vec::new(),
-                    prompt_tokens: 0,
+                text: String::new(),
+                stats: ReplyStats {
+                    prefill_tokens: 0,
                     prefill_tokens_per_s: 0.0,
+                    decode_tokens: 0,
                     decode_tokens_per_s: 0.0,
-                    stop_reason: StopReason::Cancelled,
+                    stop_reason: stop_reason_name(StopReason::Cancelled),
                 },
-                prefill_tokens: 0,
             });
             return;
         }
@@ -233,8 +273,14 @@ impl WorkerState {
                     self.profile_decode();
                 }
                 self.send(Event::Done {
-                    generation,
-                    prefill_tokens,
+                    stats: ReplyStats {
+                        prefill_tokens,
+                        prefill_tokens_per_s: generation.prefill_tokens_per_s,
+                        decode_tokens: generation.tokens.len(),
+                        decode_tokens_per_s: generation.decode_tokens_per_s,
+                        stop_reason: stop_reason_name(generation.stop_reason),
+                    },
+                    text: generation.text,
                 });
             }
             Err(e) => self.send(Event::Failed(e.to_string())),
@@ -271,4 +317,12 @@ impl WorkerState {
             Err(e) => log::warn!("profiling a decode step failed: {e}"),
         }
     }
+}
+
+/// The engine's stop reason as saved with a reply ("eos", "max_tokens", …).
+fn stop_reason_name(r: StopReason) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{r:?}"))
 }

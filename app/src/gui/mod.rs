@@ -4,13 +4,17 @@
 mod chat;
 mod chat_library;
 mod chat_list;
+mod chat_remote;
+#[cfg(test)]
+mod chat_remote_tests;
+mod chat_remote_worker;
 mod chat_settings;
 #[cfg(test)]
 mod chat_tests;
 mod chat_transcript;
 mod conversations;
 mod gallery;
-mod gpu_queue;
+pub(crate) mod gpu_queue;
 mod image;
 mod image_form;
 #[cfg(test)]
@@ -53,11 +57,18 @@ pub fn run() -> Result<()> {
             .min(adapter.limits().max_texture_dimension_2d);
         desc
     });
+    // The app id names drift.desktop, where Wayland compositors find the icon; X11 and Windows take it from here.
+    let mut viewport = egui::ViewportBuilder::default()
+        .with_title("Drift")
+        .with_app_id("drift")
+        .with_inner_size([1100.0, 720.0]);
+    match eframe::icon_data::from_png_bytes(include_bytes!("../../../assets/icons/drift-256.png")) {
+        Ok(icon) => viewport = viewport.with_icon(icon),
+        Err(e) => log::warn!("the window icon could not be decoded: {e}"),
+    }
     let options = eframe::NativeOptions {
         renderer: eframe::Renderer::Wgpu,
-        viewport: egui::ViewportBuilder::default()
-            .with_title("Drift")
-            .with_inner_size([1100.0, 720.0]),
+        viewport,
         wgpu_options: eframe::egui_wgpu::WgpuConfiguration {
             wgpu_setup: setup.into(),
             ..Default::default()
