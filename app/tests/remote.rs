@@ -49,6 +49,19 @@ fn drift(args: &[&str]) -> Run {
     drift_with(args, &[], "")
 }
 
+/// `drift generate --remote URL --model test-model --prompt hi`.
+fn generate_hi(url: &str) -> Run {
+    drift(&[
+        "generate",
+        "--remote",
+        url,
+        "--model",
+        "test-model",
+        "--prompt",
+        "hi",
+    ])
+}
+
 fn words(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("w{i} ")).collect()
 }
@@ -235,15 +248,7 @@ fn an_error_status_gives_the_servers_message() {
         failure: Failure::Status(503, body.into()),
         ..Behaviour::default()
     });
-    let run = drift(&[
-        "generate",
-        "--remote",
-        &server.url,
-        "--model",
-        "test-model",
-        "--prompt",
-        "hi",
-    ]);
+    let run = generate_hi(&server.url);
     assert!(!run.ok);
     assert!(
         run.stderr.contains(&format!(
@@ -294,15 +299,7 @@ fn a_server_that_closes_mid_stream_is_an_error_and_the_partial_text_stays() {
             chunked,
             ..Behaviour::default()
         });
-        let run = drift(&[
-            "generate",
-            "--remote",
-            &server.url,
-            "--model",
-            "test-model",
-            "--prompt",
-            "hi",
-        ]);
+        let run = generate_hi(&server.url);
         assert!(!run.ok, "chunked {chunked}");
         assert_eq!(
             run.stdout,
