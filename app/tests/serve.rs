@@ -24,6 +24,10 @@ use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
 use serde_json::{Value, json};
 
+mod common;
+
+use common::scratch;
+
 const CHAT_MODEL: &str = "llama3-rope-tied";
 const IMAGE_MODEL: &str = "sd1_tiny";
 const KEY: &str = "test-key-1234";
@@ -32,30 +36,6 @@ fn chat_fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../engine/tests/fixtures/llm")
         .join(CHAT_MODEL)
-}
-
-/// A temporary folder, removed when dropped (also when the test fails).
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(name: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!("drift-serve-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    Scratch(d)
-}
-
-fn unpack_checkpoint(dir: &Path) -> PathBuf {
-    let gz = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/single_file/sd1_tiny.safetensors.gz");
-    let bytes = drift_engine::tokenize::clip::gunzip(&std::fs::read(gz).unwrap()).unwrap();
-    let p = dir.join(format!("{IMAGE_MODEL}.safetensors"));
-    std::fs::write(&p, bytes).unwrap();
-    p
 }
 
 /// A running `drift serve` child; killed when dropped. Its stderr (the access log) is collected.
@@ -343,8 +323,8 @@ fn hang_up_mid_stream(server: &DriftServe) -> String {
 
 #[test]
 fn rust_client_against_drift_serve() {
-    let dir = scratch("rust");
-    let checkpoint = unpack_checkpoint(&dir.0);
+    let dir = scratch("serve-rust");
+    let checkpoint = common::unpack_checkpoint(&dir.0, IMAGE_MODEL);
     let server = DriftServe::start(&checkpoint, &["--idle-timeout", "2"]);
     let reference = Reference {
         gpu: Gpu::new(&GpuOptions::from_env()).unwrap(),
@@ -651,8 +631,8 @@ fn openai_python_package_against_drift_serve() {
         }
         panic!("{why}; DRIFT_SKIP_OPENAI_PY=1 skips this test");
     }
-    let dir = scratch("python");
-    let checkpoint = unpack_checkpoint(&dir.0);
+    let dir = scratch("serve-python");
+    let checkpoint = common::unpack_checkpoint(&dir.0, IMAGE_MODEL);
     let server = DriftServe::start(&checkpoint, &[]);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
     let out = Command::new(&python)
