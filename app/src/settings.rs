@@ -20,6 +20,12 @@ pub struct Settings {
     pub last_chat_model: Option<PathBuf>,
     /// The image model loaded last.
     pub last_image_model: Option<PathBuf>,
+    /// The window's OpenAI-compatible server (Models tab): on at start-up when it was on at exit.
+    pub serve_enabled: bool,
+    /// Its port on 127.0.0.1 (`None`: 8080; 0: any free port).
+    pub serve_port: Option<u16>,
+    /// Clients must send `Authorization: Bearer KEY` when set.
+    pub serve_api_key: Option<String>,
 }
 
 impl Settings {

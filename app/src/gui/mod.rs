@@ -31,6 +31,7 @@ mod performance;
 #[cfg(test)]
 mod performance_tests;
 mod sd_worker;
+mod serve_panel;
 #[cfg(test)]
 mod shell_tests;
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use eframe::egui;
 
 use super::AppContext;
+use super::serve_panel::ServePanel;
 use crate::hub::api::{RepoFile, RepoInfo, repo_info};
 use crate::hub::catalog::{Catalog, CatalogEntry};
 use crate::hub::download::{hf_endpoint, hf_token};
@@ -46,6 +47,7 @@ pub struct ModelsPanel {
     repo: Option<RepoInfo>,
     picker: Option<Receiver<Option<Picked>>>,
     token_input: String,
+    serve: ServePanel,
 }
 
 impl ModelsPanel {
@@ -71,16 +73,27 @@ impl ModelsPanel {
             repo: None,
             picker: None,
             token_input: app.settings.hf_token.clone().unwrap_or_default(),
+            serve: ServePanel::new(app),
         }
     }
 
+    /// Where the window's OpenAI-compatible server listens, while it runs.
+    pub fn serve_addr(&self) -> Option<std::net::SocketAddr> {
+        self.serve.addr()
+    }
+
     pub fn poll(&mut self, app: &mut AppContext) {
+        if let Some(addr) = self.serve_addr() {
+            app.activity.push(format!("serving the OpenAI API on {addr}"));
+        }
         if let Some(rx) = &self.scanning {
             match rx.try_recv() {
                 Ok((entries, device)) => {
                     self.library = entries;
                     self.device = Some(device);
                     self.scanning = None;
+                    // A server left on at exit starts once the library is known.
+                    self.serve.sync(app, &self.library);
                 }
                 Err(TryRecvError::Disconnected) => self.scanning = None,
                 Err(TryRecvError::Empty) => {}
@@ -236,6 +249,9 @@ impl ModelsPanel {
                 egui::CollapsingHeader::new("Add by repo id")
                     .default_open(false)
                     .show(ui, |ui| self.repo_section(ui, app));
+                egui::CollapsingHeader::new("Local server")
+                    .default_open(app.settings.serve_enabled)
+                    .show(ui, |ui| self.serve.ui(ui, app, &self.library));
             });
     }
 

@@ -75,3 +75,83 @@ fn library_lists_a_model_in_the_models_folder_and_deletes_it_after_confirmation(
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `GET url`: (status, body), or `None` when nothing listens.
+fn get(url: &str) -> Option<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut r = agent.get(url).call().ok()?;
+    let body = r.body_mut().read_to_string().ok()?;
+    Some((r.status().as_u16(), body))
+}
+
+#[test]
+fn the_local_server_switch_serves_the_library_and_comes_back_after_a_restart() {
+    let root = temp_root("models-serve");
+    let paths = Paths::under(&root);
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/llm/llama3-rope-tied");
+    copy_dir(
+        &fixture,
+        &paths.default_models_dir().join("org/llama3-rope-tied"),
+    );
+    // Any free port, so parallel tests never collide.
+    let settings = crate::settings::Settings {
+        serve_port: Some(0),
+        ..Default::default()
+    };
+    settings.save(&paths).unwrap();
+
+    let mut h = harness(test_app(&root));
+    h.run();
+    h.get_by_label("Models").click();
+    step_until(&mut h, Duration::from_secs(60), "the library scan", |h| {
+        h.query_by_label("org/llama3-rope-tied").is_some()
+    });
+    h.get_by_label("Local server").click();
+    h.run();
+    h.get_by_label("Serve the library's models (OpenAI API)")
+        .click();
+    // While it serves, the status bar's spinner keeps repainting: step rather than settle.
+    h.run_steps(3);
+    let addr = h.state().models.serve_addr().expect("the server runs");
+    let (status, body) = get(&format!("http://{addr}/v1/models")).expect("it answers");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"llama3-rope-tied\""), "{body}");
+    h.get_by_label_contains("Serving llama3-rope-tied at http://");
+    assert!(crate::settings::Settings::load(&paths).serve_enabled);
+
+    // Off: the port closes.
+    h.get_by_label("Serve the library's models (OpenAI API)")
+        .click();
+    h.run_steps(3);
+    assert!(h.state().models.serve_addr().is_none());
+    assert!(
+        get(&format!("http://{addr}/v1/models")).is_none(),
+        "still served"
+    );
+    assert!(!crate::settings::Settings::load(&paths).serve_enabled);
+
+    // On at exit: on again at the next start, once the library is known.
+    h.get_by_label("Serve the library's models (OpenAI API)")
+        .click();
+    h.run_steps(3);
+    drop(h);
+    let mut h = harness(test_app(&root));
+    step_until(
+        &mut h,
+        Duration::from_secs(60),
+        "the server after a restart",
+        |h| h.state().models.serve_addr().is_some(),
+    );
+    let addr = h.state().models.serve_addr().unwrap();
+    assert_eq!(
+        get(&format!("http://{addr}/v1/models")).map(|r| r.0),
+        Some(200)
+    );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -26,6 +26,7 @@ use crate::gui::gpu_queue::GpuQueue;
 use api_error::ApiError;
 use http::{ReadError, Request};
 use registry::ModelRegistry;
+pub use registry::model_id;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
