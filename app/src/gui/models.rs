@@ -84,7 +84,8 @@ impl ModelsPanel {
 
     pub fn poll(&mut self, app: &mut AppContext) {
         if let Some(addr) = self.serve_addr() {
-            app.activity.push(format!("serving the OpenAI API on {addr}"));
+            app.activity
+                .push(format!("serving the OpenAI API on {addr}"));
         }
         if let Some(rx) = &self.scanning {
             match rx.try_recv() {
