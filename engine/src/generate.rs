@@ -249,7 +249,7 @@ impl LlmSession {
     ) -> Result<()> {
         let m = &self.model;
         if greedy {
-            p.extend(m.argmax_dispatches(gpu)?);
+            p.extend(m.greedy_dispatches().iter().cloned());
         } else {
             p.push(topk(
                 gpu,
@@ -349,7 +349,7 @@ impl LlmSession {
         m.set_step(gpu, pos + 1, pos)?;
         let mut step = Program::new();
         step.extend(m.decode_program().dispatches.iter().cloned());
-        step.extend(m.argmax_dispatches(gpu)?);
+        step.extend(m.greedy_dispatches().iter().cloned());
         step.run_profiled(gpu, profiler)
     }
 

@@ -86,6 +86,8 @@ pub struct LlamaModel {
     pub logits: Tensor,
     decode_acts: Activations,
     decode: Option<Program>,
+    /// Greedy selection after a step (argmax into the next input id), built once like `decode`.
+    greedy: Vec<Dispatch>,
     /// f16 scratch for prefill: quantised weights are dequantised here just before their matmul.
     scratch: Option<Tensor>,
 }
@@ -123,6 +125,7 @@ impl LlamaModel {
             // once per row group, so its width costs as much bandwidth as the blocks themselves.
             decode_acts: Activations::new(gpu, &cfg, 1, w.dtype)?,
             decode: None,
+            greedy: Vec::new(),
             scratch,
             kv,
             max_ctx,
@@ -130,6 +133,8 @@ impl LlamaModel {
             w,
         };
         m.decode = Some(m.build_decode(gpu)?);
+        let ids = m.ids.view(0, &[1])?;
+        m.greedy = argmax(gpu, &m.logits, &ids, &m.history, &m.step)?;
         Ok(m)
     }
 
@@ -310,9 +315,9 @@ impl LlamaModel {
         self.decode.as_ref().expect("built in new")
     }
 
-    pub fn argmax_dispatches(&self, gpu: &Gpu) -> Result<Vec<Dispatch>> {
-        let ids = self.ids.view(0, &[1])?;
-        argmax(gpu, &self.logits, &ids, &self.history, &self.step)
+    /// The greedy selection dispatches (argmax of the logits into the next step's input id).
+    pub fn greedy_dispatches(&self) -> &[Dispatch] {
+        &self.greedy
     }
 
     /// Writes the ids of the next prefill (`ids[0..n]`).

@@ -158,7 +158,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     m.set_step(gpu, prompt.len() + 1, prompt.len())?;
     let mut step = Program::new();
     step.extend(m.decode_program().dispatches.iter().cloned());
-    step.extend(m.argmax_dispatches(gpu)?);
+    step.extend(m.greedy_dispatches().iter().cloned());
     let profile = step.run_profiled(gpu, &mut Profiler::new())?;
     let decode_gpu_us = profile.busy_us();
     let top = profile
