@@ -18,7 +18,7 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 
 use super::gallery::Shown;
-use super::test_support::{harness, step_until, temp_root, test_app};
+use super::test_support::{copy_dir, harness, step_until, temp_root, test_app};
 use super::{AppContext, DriftApp, Tab};
 use crate::paths::Paths;
 use crate::settings::Settings;
@@ -27,14 +27,6 @@ use crate::settings::Settings;
 pub const IMAGE_TIMEOUT: Duration = Duration::from_secs(90);
 /// The fixture pipeline's native size (UNet sample size 8 x VAE downscale 2).
 pub const TINY_SIZE: usize = 16;
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).expect("fixture folder");
-    for e in std::fs::read_dir(src).expect("fixture folder") {
-        let p = e.expect("fixture entry").path();
-        std::fs::copy(&p, dst.join(p.file_name().expect("a file name"))).expect("fixture copy");
-    }
-}
 
 /// A diffusers folder at `d` from the engine's test fixtures (as engine/tests/pipeline.rs assembles
 /// it): CLIP tokenizer and text encoder, UNet, VAE, SD 1.5's scheduler config.

@@ -8,15 +8,8 @@ use std::time::Duration;
 use egui_kittest::kittest::Queryable;
 
 use super::Tab;
-use super::test_support::{harness, step_until, temp_root, test_app};
+use super::test_support::{copy_dir, harness, step_until, temp_root, test_app};
 use crate::paths::Paths;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
 
 #[test]
 fn library_lists_a_model_in_the_models_folder_and_deletes_it_after_confirmation() {

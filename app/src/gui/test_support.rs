@@ -20,6 +20,15 @@ pub fn temp_root(name: &str) -> PathBuf {
     d
 }
 
+/// Copies the files of a fixture folder (not recursive) into `dst`, creating it.
+pub fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).expect("fixture folder");
+    for e in std::fs::read_dir(src).expect("fixture folder") {
+        let p = e.expect("fixture entry").path();
+        std::fs::copy(&p, dst.join(p.file_name().expect("a file name"))).expect("fixture copy");
+    }
+}
+
 /// The app as the window would build it, with its files under `root`.
 pub fn test_app(root: &std::path::Path) -> DriftApp {
     let gpu = Arc::new(Gpu::new(&GpuOptions::from_env()).expect("a GPU adapter (lavapipe in CI)"));
