@@ -93,13 +93,10 @@ fn run_unet(tag: &str, source: &SdWeightSource, dtype: DType) -> Vec<f32> {
     .unwrap();
     gpu().poison(unet.output().unwrap()).unwrap();
     let t = r(&format!("unet_{tag}.timestep"))[0];
-    unet.forward(
-        gpu(),
-        &r(&format!("unet_{tag}.latents")),
-        t,
-        &r(&format!("unet_{tag}.encoder")),
-    )
-    .unwrap()
+    unet.set_encoder_states(gpu(), &r(&format!("unet_{tag}.encoder")))
+        .unwrap();
+    unet.forward(gpu(), &r(&format!("unet_{tag}.latents")), t)
+        .unwrap()
 }
 
 fn check_unet_folder(tag: &str) {

@@ -296,6 +296,7 @@ impl SdPipeline {
                 (initial.iter().map(|v| v * s).collect(), 0)
             }
         };
+        self.unet.set_encoder_states(gpu, &enc)?;
         let t1 = Instant::now();
         let mut unet_in = vec![0.0f32; 2 * n];
         for step in start..req.steps {
@@ -305,7 +306,7 @@ impl SdPipeline {
                 unet_in[n + i] = v * scale;
             }
             let t = sched.timesteps()[step] as f32;
-            let eps = self.unet.forward(gpu, &unet_in, t, &enc)?;
+            let eps = self.unet.forward(gpu, &unet_in, t)?;
             let guided: Vec<f32> = (0..n)
                 .map(|i| eps[i] + req.cfg * (eps[n + i] - eps[i]))
                 .collect();
