@@ -15,3 +15,4 @@ mod quant;
 mod rope;
 mod sample;
 mod softmax;
+mod spirv;

@@ -1,63 +1,10 @@
 use crate::common::run_checks;
-use drift_engine::kernels::preprocess;
+use crate::spirv::{combos, to_spirv};
 use drift_engine::selftest::matmul;
 
 #[test]
 fn matmul_matches_reference() {
     run_checks(matmul::checks);
-}
-
-/// Every define combination of a shader: `fixed` as given, each name in `flags` 0 and 1.
-fn combos(
-    fixed: &[(&'static str, &str)],
-    flags: &[&'static str],
-) -> Vec<Vec<(&'static str, String)>> {
-    (0..1u32 << flags.len())
-        .map(|bits| {
-            let mut d: Vec<(&'static str, String)> =
-                fixed.iter().map(|&(k, v)| (k, v.to_string())).collect();
-            d.extend(
-                flags
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &f)| (f, ((bits >> i) & 1).to_string())),
-            );
-            d
-        })
-        .collect()
-}
-
-/// Preprocesses, validates with every capability (cooperative matrix, f16, subgroups) and writes
-/// SPIR-V 1.6 with the bounds-check policies wgpu uses on Vulkan. The writer step matters: some
-/// naga bugs only show there (panics on uncached expressions in cooperative loads).
-fn to_spirv(name: &str, source: &str, defines: &[(&'static str, String)]) -> Vec<u32> {
-    let src = preprocess(source, defines).unwrap_or_else(|e| panic!("{name} {defines:?}: {e}"));
-    let module = naga::front::wgsl::parse_str(&src)
-        .unwrap_or_else(|e| panic!("{name} {defines:?}: {}", e.emit_to_string(&src)));
-    let mut validator = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    );
-    let info = validator
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{name} {defines:?}: {}", e.emit_to_string(&src)));
-    let options = naga::back::spv::Options {
-        lang_version: (1, 6),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Restrict,
-            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
-            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
-        ..Default::default()
-    };
-    let result =
-        std::panic::catch_unwind(|| naga::back::spv::write_vec(&module, &info, &options, None));
-    match result {
-        Ok(Ok(words)) => words,
-        Ok(Err(e)) => panic!("{name} {defines:?}: SPIR-V writer: {e}"),
-        Err(_) => panic!("{name} {defines:?}: SPIR-V writer panicked"),
-    }
 }
 
 /// The cooperative-matrix kernel cannot run on lavapipe: check every specialisation offline (parse,
