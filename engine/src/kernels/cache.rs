@@ -67,13 +67,14 @@ impl KernelSpec {
         let mut d = self.defines.clone();
         d.sort();
         format!(
-            "{}:{}:{:?}:{:p}:{}:{}",
+            "{}:{}:{:?}:{:p}:{}:{}:{}",
             self.name,
             self.entry,
             d,
             self.source.as_ptr(),
             self.aliased,
-            self.trusted
+            self.trusted,
+            self.loop_bounding
         )
     }
 }

@@ -46,6 +46,33 @@ pub struct MatmulOptions<'a> {
     pub bias: Option<&'a Tensor>,
     pub variant: MatmulVariant,
     pub tile: MatmulTile,
+    /// Build switches of the cooperative kernel (A/B timing on the target GPU).
+    pub coop: CoopTuning,
+}
+
+/// Build switches of the cooperative-matrix kernel. The default is what the model paths use; the
+/// others exist so `drift bench kernels --filter coopsweep` can time each choice on the target GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopTuning {
+    /// Compile without bounds checks (every access is guarded by host-validated shapes).
+    pub trusted: bool,
+    /// Keep naga's loop bounding.
+    pub loop_bounding: bool,
+    /// Pad workgroup-memory rows so 16-row matrix loads hit distinct banks.
+    pub pad: bool,
+    /// Fetch the next K step into registers while multiplying this one.
+    pub prefetch: bool,
+}
+
+impl Default for CoopTuning {
+    fn default() -> Self {
+        CoopTuning {
+            trusted: false,
+            loop_bounding: true,
+            pad: true,
+            prefetch: true,
+        }
+    }
 }
 
 /// Floating-point operations of a (batched) matmul, bias excluded: `2 batch M N K`.
@@ -332,7 +359,8 @@ fn build(
             if opts.transpose_b { "_nt" } else { "" },
             out.dtype.wgsl()
         );
-        let spec = common(KernelSpec::new(
+        let t = opts.coop;
+        let mut spec = common(KernelSpec::new(
             name,
             shader!("matmul_coop.wgsl"),
             "matmul_coop",
@@ -340,7 +368,13 @@ fn build(
         .define("TRANS_B", u8::from(opts.transpose_b))
         .define("VO", u8::from(vo && !direct))
         .define("DIRECT", u8::from(direct))
-        .define("EPI4", u8::from(epi4));
+        .define("EPI4", u8::from(epi4))
+        .define("NOPAD", u8::from(!t.pad))
+        .define("NOPREFETCH", u8::from(!t.prefetch));
+        spec.loop_bounding = t.loop_bounding;
+        if t.trusted {
+            spec = spec.trusted();
+        }
         (spec, 128)
     } else {
         let count = |blk: usize| batch * m.div_ceil(blk) * n.div_ceil(blk);

@@ -205,6 +205,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         bias: c.bias.then_some(&bias),
         variant: c.variant,
         tile: c.tile,
+        ..Default::default()
     };
     let mut prog = Program::new();
     match c.shard_bytes {

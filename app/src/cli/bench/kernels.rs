@@ -6,7 +6,9 @@ use drift_engine::kernels::attention::{AttentionOptions, attention};
 use drift_engine::kernels::conv::{Conv2dOptions, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
 use drift_engine::kernels::elementwise::{BinaryOp, binary};
-use drift_engine::kernels::matmul::{MatmulOptions, MatmulVariant, matmul};
+use drift_engine::kernels::matmul::{
+    CoopTuning, MatmulOptions, MatmulVariant, coop_available, matmul,
+};
 use drift_engine::kernels::matvec::{MatvecOptions, matvec};
 use drift_engine::kernels::norm::{GroupNormOptions, groupnorm, rmsnorm};
 use drift_engine::kernels::quant::{QuantTuning, matvec_quant, matvec_quant_tuned};
@@ -194,6 +196,67 @@ pub fn run_all(
             r,
             "A @ B^T, f32 accumulate",
         )?);
+    }
+    // Tuning sweep of the cooperative matmul (only when the filter asks for "coopsweep"): the build
+    // switches of `CoopTuning` at the square size and at llama-3.2-1b's 512-token prefill shapes.
+    if filter.is_some_and(|f| f.contains("coopsweep")) && coop_available(&gpu.caps) {
+        let base = CoopTuning::default();
+        let tunings = [
+            ("default", base),
+            (
+                "no-loop-bounding",
+                CoopTuning {
+                    loop_bounding: false,
+                    ..base
+                },
+            ),
+            (
+                "trusted",
+                CoopTuning {
+                    trusted: true,
+                    loop_bounding: false,
+                    ..base
+                },
+            ),
+            ("no-pad", CoopTuning { pad: false, ..base }),
+            (
+                "no-prefetch",
+                CoopTuning {
+                    prefetch: false,
+                    ..base
+                },
+            ),
+        ];
+        for (m, n, k, trans) in [
+            (4096usize, 4096usize, 4096usize, true),
+            (4096, 4096, 4096, false),
+            (512, 16384, 2048, true),
+            (512, 2048, 8192, true),
+            (512, 2048, 2048, true),
+        ] {
+            let a = act(&[m, k], DType::F16)?;
+            let b = act(&if trans { [n, k] } else { [k, n] }, DType::F16)?;
+            let o = act(&[m, n], DType::F32)?;
+            for (label, coop) in tunings {
+                let opts = MatmulOptions {
+                    transpose_b: trans,
+                    variant: MatmulVariant::Coop,
+                    coop,
+                    ..Default::default()
+                };
+                let name = format!(
+                    "coopsweep {m}x{n}x{k} {} {label}",
+                    if trans { "nt" } else { "nn" }
+                );
+                report(measure(
+                    gpu,
+                    &name,
+                    &matmul(gpu, &a, &b, &o, &opts)?,
+                    reps.min(10),
+                    "",
+                )?);
+            }
+        }
     }
     // Attention: LLM prefill (causal, 32 heads of 128, GQA 4:1) at 512 and 4096 tokens; SD 1.5 self-attention
     // at 512x512 (4096 tokens, 8 heads of 40, batch 2); decode over a 4096-token cache.

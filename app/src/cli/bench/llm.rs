@@ -59,6 +59,8 @@ pub struct LlmBench {
     pub copy_gbps: f64,
     pub roofline_fraction: f64,
     pub top_decode_kernels: Vec<(String, f64)>,
+    /// Kernels of the prompt's prefill under the profiler: (name, calls, GPU microseconds).
+    pub top_prefill_kernels: Vec<(String, usize, f64)>,
 }
 
 pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
@@ -132,6 +134,13 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     }
     walls.sort_by(f64::total_cmp);
     let prefill_wall = walls[2];
+    let top_prefill = prefill
+        .run_profiled(gpu, &mut Profiler::new())?
+        .by_kernel()
+        .into_iter()
+        .take(8)
+        .map(|k| (k.name, k.calls, k.total_us))
+        .collect();
 
     // Decode: real generation loop (greedy, pipelined), after a warm-up.
     let opts = GenerateOptions {
@@ -201,5 +210,6 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         copy_gbps,
         roofline_fraction: g.decode_tokens_per_s / roofline_tps,
         top_decode_kernels: top,
+        top_prefill_kernels: top_prefill,
     })
 }

@@ -74,6 +74,10 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
             for (k, us) in &r.top_decode_kernels {
                 println!("    {k:<40} {us:>9.1} us/token");
             }
+            println!("  prefill under the profiler (per-dispatch timestamps):");
+            for (k, calls, us) in &r.top_prefill_kernels {
+                println!("    {k:<40} {us:>9.1} us in {calls} calls");
+            }
         }
         return Ok(());
     }

@@ -8,7 +8,8 @@ use drift_engine::models::sd_graph::MemoryPlan;
 use drift_engine::models::sd_weights::random_weights;
 use drift_engine::models::unet::{Unet, sd15_config, unet_graph, unet_memory_plan};
 use drift_engine::models::vae::{VaeConfig, VaeNet, decoder_memory_plan};
-use drift_engine::{DType, Gpu};
+use drift_engine::profiler::Profiler;
+use drift_engine::{DType, Gpu, Program};
 use serde::Serialize;
 
 use super::timing::time_sequence;
@@ -32,6 +33,19 @@ pub struct SdBench {
     pub vae_decode_ms: Option<f64>,
     pub total_ms: Option<f64>,
     pub peak_vram_bytes: Option<u64>,
+    /// Where a UNet step and the VAE decode spend GPU time: (kernel, calls, microseconds), from one
+    /// profiled run each (per-dispatch timestamps).
+    pub unet_top_kernels: Vec<(String, usize, f64)>,
+    pub vae_top_kernels: Vec<(String, usize, f64)>,
+}
+
+fn top_kernels(gpu: &Gpu, p: &Program, n: usize) -> Result<Vec<(String, usize, f64)>> {
+    Ok(p.run_profiled(gpu, &mut Profiler::new())?
+        .by_kernel()
+        .into_iter()
+        .take(n)
+        .map(|k| (k.name, k.calls, k.total_us))
+        .collect())
 }
 
 pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -> Result<SdBench> {
@@ -51,6 +65,8 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
         vae_decode_ms: None,
         total_ms: None,
         peak_vram_bytes: None,
+        unet_top_kernels: vec![],
+        vae_top_kernels: vec![],
     };
     if a.plan_only {
         return Ok(r);
@@ -81,6 +97,8 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
     r.vae_decode_ms = Some(vae_us / 1e3);
     r.total_ms = Some((text_us + a.steps as f64 * unet_us + vae_us) / 1e3);
     r.peak_vram_bytes = Some(gpu.memory_report().peak_total_bytes);
+    r.unet_top_kernels = top_kernels(gpu, &unet.built.program, 12)?;
+    r.vae_top_kernels = top_kernels(gpu, &vae.built.program, 6)?;
     Ok(r)
 }
 
@@ -112,5 +130,16 @@ pub fn print(r: &SdBench, steps: usize) {
     }
     if let Some(p) = r.peak_vram_bytes {
         println!("  peak GPU memory {:.0} MiB", mib(p));
+    }
+    for (what, top) in [
+        ("UNet step", &r.unet_top_kernels),
+        ("VAE decode", &r.vae_top_kernels),
+    ] {
+        if !top.is_empty() {
+            println!("  {what} under the profiler (per-dispatch timestamps):");
+        }
+        for (k, calls, us) in top {
+            println!("    {k:<44} {:>8.2} ms in {calls} calls", us / 1e3);
+        }
     }
 }
