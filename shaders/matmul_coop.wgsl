@@ -18,6 +18,8 @@
 // named variables: nothing private is indexed by a loop counter (that would live in local memory).
 // The host selects this kernel only with subgroups of 32 (128 invocations = 4 subgroups).
 //
+// SG8: 8 subgroups (256 invocations), each 32 x 64 of the same 128 x 128 block: half the accumulators
+// per invocation (register pressure), never with EPI4.
 // Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
@@ -53,7 +55,14 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
 #endif
 
-const WG = 128u; // 4 subgroups of 32
+#if SG8
+const WG = 256u; // 8 subgroups of 32, each owning 32 x 64 of the block
+const SUBM = 32u;
+#else
+const WG = 128u; // 4 subgroups of 32, each owning 64 x 64 of the block
+const SUBM = 64u;
+#endif
+const NSG = WG / 32u;
 const BM = 128u;
 const BN = 128u;
 const BK = 32u;
@@ -81,7 +90,7 @@ const EW = 64u; // staged columns per subgroup and round
 #else
 const EW = 16u;
 #endif
-var<workgroup> Cs: array<f32, 4u * 16u * EW>;
+var<workgroup> Cs: array<f32, NSG * 16u * EW>;
 
 fn tile_of(g: u32) -> vec3<u32> {
     let per_batch = p.tiles_m * p.tiles_n;
@@ -161,6 +170,59 @@ fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
 // are not unrolled, and a loop-indexed private array would live in local memory). A: 8 vec4 per
 // 32-deep row, invocation lid takes rows lid / 8 + 16 i. B: as A when transposed, else 32 vec4 per
 // 128-wide row, rows lid / 32 + 4 i.
+#if SG8
+// 256 invocations: 4 vec4 per operand and invocation; rows lid / 8 + 32 i (B [K, N]: lid / 32 + 8 i).
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+}
+
+fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> Stage {
+    let r = m0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(fetch_a(base, r, k), fetch_a(base, r + 32u, k), fetch_a(base, r + 64u, k), fetch_a(base, r + 96u, k));
+}
+
+fn store_a(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 32u * PK;
+    As[o] = s.v0;
+    As[o + d] = s.v1;
+    As[o + 2u * d] = s.v2;
+    As[o + 3u * d] = s.v3;
+}
+
+#if TRANS_B
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
+    let r = n0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(fetch_b(base, r, k), fetch_b(base, r + 32u, k), fetch_b(base, r + 64u, k), fetch_b(base, r + 96u, k));
+}
+
+fn store_b(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 32u * PK;
+    Bs[o] = s.v0;
+    Bs[o + d] = s.v1;
+    Bs[o + 2u * d] = s.v2;
+    Bs[o + 3u * d] = s.v3;
+}
+#else
+fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
+    let k = k0 + lid / 32u;
+    let c = n0 + (lid % 32u) * 4u;
+    return Stage(fetch_b(base, k, c), fetch_b(base, k + 8u, c), fetch_b(base, k + 16u, c), fetch_b(base, k + 24u, c));
+}
+
+fn store_b(lid: u32, s: Stage) {
+    let o = (lid / 32u) * PN + lid % 32u;
+    let d = 8u * PN;
+    Bs[o] = s.v0;
+    Bs[o + d] = s.v1;
+    Bs[o + 2u * d] = s.v2;
+    Bs[o + 3u * d] = s.v3;
+}
+#endif
+#else
 struct Stage {
     v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
     v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
@@ -235,8 +297,10 @@ fn store_b(lid: u32, s: Stage) {
 }
 #endif
 
+#endif
+
 fn load_am(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {
-    let o = (wm * 64u + i * 16u) * PK + ks * 4u;
+    let o = (wm * SUBM + i * 16u) * PK + ks * 4u;
     return coopLoadT<coop_mat16x16<f16, A>>(&As[o], PK);
 }
 
@@ -265,10 +329,10 @@ fn bias_at(col: u32) -> f32 {
 }
 #endif
 
-// Writes the staged 16 x EW blocks of all four subgroups: block q covers rows
-// m0 + (q / 2) * 64 + i * 16 + 0..15 and columns n0 + (q % 2) * 64 + c0 + 0..EW-1.
+// Writes the staged 16 x EW blocks of all subgroups: block q covers rows
+// m0 + (q / 2) * SUBM + i * 16 + 0..15 and columns n0 + (q % 2) * 64 + c0 + 0..EW-1.
 fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
-    let quads = 4u * 16u * EW / 4u;
+    let quads = NSG * 16u * EW / 4u;
     for (var e = lid; e < quads; e += WG) {
         let q = e / (16u * EW / 4u);
         let rem = e % (16u * EW / 4u);
@@ -276,7 +340,7 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
         let c = (rem % (EW / 4u)) * 4u;
         let s = q * 16u * EW + r * EW + c;
         var v = vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
-        let row = m0 + (q / 2u) * 64u + i * 16u + r;
+        let row = m0 + (q / 2u) * SUBM + i * 16u + r;
         let col = n0 + (q % 2u) * 64u + c0 + c;
         if row < p.m {
 #if BIAS
@@ -332,6 +396,7 @@ fn matmul_coop(
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
+#ifnot SG8
     var c20 = coop_mat16x16<f32, C>();
     var c21 = coop_mat16x16<f32, C>();
     var c22 = coop_mat16x16<f32, C>();
@@ -340,6 +405,7 @@ fn matmul_coop(
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
+#endif
 
     let ksteps = (p.k + BK - 1u) / BK;
 #if NOPREFETCH
@@ -362,8 +428,10 @@ fn matmul_coop(
         for (var ks = 0u; ks < BK / 16u; ks++) {
             let a0 = load_am(0u, wm, ks);
             let a1 = load_am(1u, wm, ks);
+#ifnot SG8
             let a2 = load_am(2u, wm, ks);
             let a3 = load_am(3u, wm, ks);
+#endif
             let b0 = load_bm(0u, wn, ks);
             let b1 = load_bm(1u, wn, ks);
             let b2 = load_bm(2u, wn, ks);
@@ -376,6 +444,7 @@ fn matmul_coop(
             c11 = coopMultiplyAdd(a1, b1, c11);
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
+#ifnot SG8
             c20 = coopMultiplyAdd(a2, b0, c20);
             c21 = coopMultiplyAdd(a2, b1, c21);
             c22 = coopMultiplyAdd(a2, b2, c22);
@@ -384,6 +453,7 @@ fn matmul_coop(
             c31 = coopMultiplyAdd(a3, b1, c31);
             c32 = coopMultiplyAdd(a3, b2, c32);
             c33 = coopMultiplyAdd(a3, b3, c33);
+#endif
         }
         workgroupBarrier();
     }
@@ -393,7 +463,7 @@ fn matmul_coop(
     if m0 + BM <= p.m && n0 + BN <= p.n {
         // Interior tile: accumulators straight to memory (f32, 16-byte aligned rows).
         let ld = p.ldo; // the stride too must be a named value (naga caches only those)
-        let r0 = o_base + (m0 + wm * 64u) * ld + n0 + wn * 64u;
+        let r0 = o_base + (m0 + wm * SUBM) * ld + n0 + wn * 64u;
         let s = 16u * ld;
         let o00 = r0;
         coopStoreT(c00, &mo[o00], ld);
@@ -411,6 +481,7 @@ fn matmul_coop(
         coopStoreT(c12, &mo[o12], ld);
         let o13 = r0 + s + 48u;
         coopStoreT(c13, &mo[o13], ld);
+#ifnot SG8
         let o20 = r0 + 2u * s;
         coopStoreT(c20, &mo[o20], ld);
         let o21 = r0 + 2u * s + 16u;
@@ -427,6 +498,7 @@ fn matmul_coop(
         coopStoreT(c32, &mo[o32], ld);
         let o33 = r0 + 3u * s + 48u;
         coopStoreT(c33, &mo[o33], ld);
+#endif
         return;
     }
 #endif
@@ -466,7 +538,9 @@ fn matmul_coop(
     stage(c10, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 0u, o_base); workgroupBarrier();
     stage(c11, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 16u, o_base); workgroupBarrier();
     stage(c12, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 32u, o_base); workgroupBarrier();
-    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, o_base); workgroupBarrier();
+    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, o_base);
+#ifnot SG8
+    workgroupBarrier();
     stage(c20, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 0u, o_base); workgroupBarrier();
     stage(c21, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 16u, o_base); workgroupBarrier();
     stage(c22, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 32u, o_base); workgroupBarrier();
@@ -475,5 +549,6 @@ fn matmul_coop(
     stage(c31, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 16u, o_base); workgroupBarrier();
     stage(c32, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 32u, o_base); workgroupBarrier();
     stage(c33, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 48u, o_base);
+#endif
 #endif
 }

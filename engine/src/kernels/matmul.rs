@@ -62,6 +62,9 @@ pub struct CoopTuning {
     pub pad: bool,
     /// Fetch the next K step into registers while multiplying this one.
     pub prefetch: bool,
+    /// Eight subgroups of 32 x 64 per 128 x 128 block instead of four of 64 x 64 (half the
+    /// accumulator registers per invocation).
+    pub sg8: bool,
 }
 
 impl Default for CoopTuning {
@@ -71,6 +74,7 @@ impl Default for CoopTuning {
             loop_bounding: true,
             pad: true,
             prefetch: true,
+            sg8: false,
         }
     }
 }
@@ -257,10 +261,11 @@ fn needs_f16(caps: &Caps, dtypes: &[DType]) -> Result<bool> {
     Ok(any)
 }
 
-/// Workgroup memory of the cooperative kernel: A and B tiles plus the f32 staging area.
-fn coop_smem(epi4: bool) -> u32 {
+/// Workgroup memory of the cooperative kernel: A and B tiles plus the f32 staging area (16 rows of
+/// 64 or 16 columns per subgroup).
+fn coop_smem(epi4: bool, subgroups: u32) -> u32 {
     let tiles = (128 * 10 + 128 * 10) * 8; // transposed B; [K, N] B is 32 x 34 vec4, smaller
-    tiles + 4 * 16 * if epi4 { 64 } else { 16 } * 4
+    tiles + subgroups * 16 * if epi4 { 64 } else { 16 } * 4
 }
 
 /// Whether the cooperative kernel can run here: 16x16 f16 matrices, subgroups of exactly 32 (the
@@ -271,7 +276,7 @@ pub fn coop_available(caps: &Caps) -> bool {
         && caps.subgroup
         && caps.subgroup_min_size == 32
         && caps.subgroup_max_size == 32
-        && coop_smem(false) <= caps.max_workgroup_storage
+        && coop_smem(false, 8) <= caps.max_workgroup_storage
 }
 
 /// The variant that will run for these dtypes.
@@ -291,7 +296,7 @@ pub fn choose_variant(
         MatmulVariant::Coop => Err(DriftError::Unsupported(format!(
             "cooperative-matrix matmul needs f16 inputs (got {dtype:?}) and a device with 16x16 f16 \
              cooperative matrices, subgroups of 32 and {} bytes of workgroup memory",
-            coop_smem(false)
+            coop_smem(false, 8)
         ))),
     }
 }
@@ -353,13 +358,13 @@ fn build(
 
     let (spec, block) = if variant == MatmulVariant::Coop {
         let direct = vo && out.dtype == DType::F32 && opts.bias.is_none();
-        let epi4 = coop_smem(true) <= caps.max_workgroup_storage;
+        let t = opts.coop;
+        let epi4 = !t.sg8 && coop_smem(true, 4) <= caps.max_workgroup_storage;
         let name = format!(
             "matmul_coop_f16{}_{}{bias_name}",
             if opts.transpose_b { "_nt" } else { "" },
             out.dtype.wgsl()
         );
-        let t = opts.coop;
         let mut spec = common(KernelSpec::new(
             name,
             shader!("matmul_coop.wgsl"),
@@ -370,7 +375,8 @@ fn build(
         .define("DIRECT", u8::from(direct))
         .define("EPI4", u8::from(epi4))
         .define("NOPAD", u8::from(!t.pad))
-        .define("NOPREFETCH", u8::from(!t.prefetch));
+        .define("NOPREFETCH", u8::from(!t.prefetch))
+        .define("SG8", u8::from(t.sg8));
         spec.loop_bounding = t.loop_bounding;
         if t.trusted {
             spec = spec.trusted();

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::matmul::{
-    MatmulOptions, MatmulTile, MatmulVariant, coop_available, matmul, matmul_shards,
+    CoopTuning, MatmulOptions, MatmulTile, MatmulVariant, coop_available, matmul, matmul_shards,
 };
 use crate::memory::Category;
 use crate::reference::matmul::{self as r, MatmulShape};
@@ -32,6 +32,8 @@ pub struct Case {
     pub tile: MatmulTile,
     /// Split the weight into row shards of at most this many bytes (transposed, shared `b` only).
     pub shard_bytes: Option<u64>,
+    /// Build switches of the cooperative kernel.
+    pub coop: CoopTuning,
 }
 
 impl Case {
@@ -51,6 +53,7 @@ impl Case {
             variant: MatmulVariant::Tiled,
             tile: MatmulTile::Auto,
             shard_bytes: None,
+            coop: CoopTuning::default(),
         }
     }
 }
@@ -158,6 +161,40 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check(gpu, rng, &case)?);
             }
         }
+        // Cooperative kernel: interior 128 x 128 tiles (stored straight from the accumulators when
+        // the output is f32 without bias) next to edge tiles, with each build switch.
+        if dtype == DType::F16 && coop_available(&gpu.caps) {
+            let base = CoopTuning::default();
+            for coop in [
+                base,
+                CoopTuning { sg8: true, ..base },
+                CoopTuning {
+                    sg8: true,
+                    prefetch: false,
+                    ..base
+                },
+                CoopTuning {
+                    trusted: true,
+                    loop_bounding: false,
+                    ..base
+                },
+            ] {
+                for (t, bias, out_dtype) in [
+                    (true, false, DType::F32),
+                    (false, false, DType::F32),
+                    (true, true, DType::F16),
+                ] {
+                    let case = Case {
+                        variant: MatmulVariant::Coop,
+                        bias,
+                        out_dtype,
+                        coop,
+                        ..Case::new(2, 200, 260, 96, t, dtype)
+                    };
+                    out.push(check(gpu, rng, &case)?);
+                }
+            }
+        }
     }
     Ok(out)
 }
@@ -205,7 +242,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         bias: c.bias.then_some(&bias),
         variant: c.variant,
         tile: c.tile,
-        ..Default::default()
+        coop: c.coop,
     };
     let mut prog = Program::new();
     match c.shard_bytes {
@@ -239,6 +276,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if c.shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
+    }
+    if c.coop != CoopTuning::default() {
+        name += &format!(" {:?}", c.coop);
     }
     // Tensor cores may add products in a different order and with truncation: allow 4x more.
     let atol = dot_atol(k)

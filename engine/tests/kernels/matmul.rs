@@ -17,11 +17,12 @@ fn matmul_coop_compiles_to_spirv() {
         for tb in ["f32", "f16"] {
             for d in combos(
                 &[("TO", to), ("TB", tb)],
-                &["TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4"],
+                &["TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4", "SG8"],
             ) {
-                // The builder sets DIRECT only for f32 outputs bound as scalars.
+                // The builder sets DIRECT only for f32 outputs bound as scalars, and EPI4 never with
+                // eight subgroups.
                 let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
-                if on("DIRECT") && (to != "f32" || on("VO")) {
+                if on("DIRECT") && (to != "f32" || on("VO")) || on("EPI4") && on("SG8") {
                     continue;
                 }
                 let words = to_spirv("matmul_coop", source, &d);
@@ -34,10 +35,10 @@ fn matmul_coop_compiles_to_spirv() {
             }
         }
     }
-    assert_eq!(n, 2 * (64 + 32 + 64));
+    assert_eq!(n, 3 * (64 + 32 + 64));
     // The bench-only A/B switches, on one configuration each way.
     for (nopad, nopre) in [("1", "0"), ("0", "1"), ("1", "1")] {
-        for trans in ["0", "1"] {
+        for (trans, sg8) in [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")] {
             let d: Vec<(&'static str, String)> = [
                 ("TO", "f16"),
                 ("TB", "f16"),
@@ -47,7 +48,8 @@ fn matmul_coop_compiles_to_spirv() {
                 ("VB", "1"),
                 ("VO", "1"),
                 ("DIRECT", "0"),
-                ("EPI4", "1"),
+                ("EPI4", if sg8 == "1" { "0" } else { "1" }),
+                ("SG8", sg8),
                 ("NOPAD", nopad),
                 ("NOPREFETCH", nopre),
             ]

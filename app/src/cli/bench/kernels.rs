@@ -226,6 +226,23 @@ pub fn run_all(
                     ..base
                 },
             ),
+            ("sg8", CoopTuning { sg8: true, ..base }),
+            (
+                "sg8-no-prefetch",
+                CoopTuning {
+                    sg8: true,
+                    prefetch: false,
+                    ..base
+                },
+            ),
+            (
+                "sg8-no-loop-bounding",
+                CoopTuning {
+                    sg8: true,
+                    loop_bounding: false,
+                    ..base
+                },
+            ),
         ];
         for (m, n, k, trans) in [
             (4096usize, 4096usize, 4096usize, true),
