@@ -5,21 +5,31 @@
 //! time, so it prefers them stored as the `[K, O]` transpose ([`Layout::Transposed`], vec4 loads
 //! along O); [`conv2d_weight_layout`] says which layout to upload, [`conv2d_weight_bytes`] converts
 //! OIHW bytes to it and [`conv2d_weight`] does both. Row-major OIHW weights work too, a little slower.
+//!
+//! On devices with 16x16 f16 cooperative matrices, f16 convolutions with enough channels run on tensor
+//! cores instead ([`Conv2dVariant::Coop`], `kernels/conv_coop.rs`), which want row-major OIHW weights:
+//! [`conv2d_weight_layout`] picks that layout for exactly those weights.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
+use crate::kernels::conv_coop::{
+    self, COOP_K_STEP, COOP_TARGET_WORKGROUPS, COOP_TILE, ConvGeometry, CoopTarget,
+};
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Layout, Tensor};
 use crate::{shader, shape_err};
 
-/// Output tile per workgroup and per thread: `P<pixels>C<channels per thread>`. Every tile is 64 output
-/// channels wide; `C4` uses 256 threads, `C8` 128 threads with twice the work each (more reuse of
-/// workgroup memory, fewer threads; so far slower on the H200, kept for tuning).
+/// Which kernel computes the convolution. The portable ones are named by their output tile per workgroup
+/// and per thread, `P<pixels>C<channels per thread>`: every tile is 64 output channels wide; `C4` uses
+/// 256 threads, `C8` 128 threads with twice the work each (more reuse of workgroup memory, fewer
+/// threads; so far slower on the H200, kept for tuning).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Conv2dVariant {
-    /// Picked from the problem size (see [`conv2d_plan`]).
+    /// Cooperative matrices where the device has them and the convolution is f16 with row-major
+    /// weights and enough channels, else a portable tile picked from the problem size (see
+    /// [`conv2d_variant`] and [`conv2d_plan`]).
     Auto,
     /// 64 pixels x 64 channels, 4 x 4 per thread.
     P64C4,
@@ -29,10 +39,17 @@ pub enum Conv2dVariant {
     P128C4,
     /// 128 pixels x 64 channels, 8 x 8 per thread.
     P128C8,
+    /// Tensor cores: 128 channels x 128 pixels per workgroup, f16 operands (f32 ones are rounded to f16
+    /// on load), f32 accumulation. Needs 16x16 f16 cooperative matrices, subgroups of 32 and row-major
+    /// weights; an error elsewhere.
+    Coop,
+    /// The `Coop` kernel with its 16x16 products done by plain f32 FMAs: runs on any f16 device (slowly)
+    /// so that its gather, tiling and epilogue are tested where tensor cores are absent.
+    CoopEmulated,
 }
 
 impl Conv2dVariant {
-    /// The explicit variants.
+    /// The explicit portable variants.
     pub const ALL: [Conv2dVariant; 4] = [
         Conv2dVariant::P64C4,
         Conv2dVariant::P64C8,
@@ -40,10 +57,18 @@ impl Conv2dVariant {
         Conv2dVariant::P128C8,
     ];
 
-    /// Pixels per workgroup tile and channels per thread.
+    /// Whether this is the cooperative kernel (or its emulation).
+    pub fn is_coop(self) -> bool {
+        matches!(self, Conv2dVariant::Coop | Conv2dVariant::CoopEmulated)
+    }
+
+    /// Pixels per workgroup tile and channels per thread of the portable variants.
     fn shape(self) -> (usize, usize) {
         match self {
-            Conv2dVariant::P64C4 | Conv2dVariant::Auto => (64, 4),
+            Conv2dVariant::P64C4
+            | Conv2dVariant::Auto
+            | Conv2dVariant::Coop
+            | Conv2dVariant::CoopEmulated => (64, 4),
             Conv2dVariant::P64C8 => (64, 8),
             Conv2dVariant::P128C4 => (128, 4),
             Conv2dVariant::P128C8 => (128, 8),
@@ -92,7 +117,8 @@ impl Default for Conv2dOptions<'_> {
 const TARGET_WORKGROUPS: usize = 4 * 132;
 
 /// The tile variant and number of K splits [`conv2d`] uses for `m` output pixels, `o` output channels
-/// and reduction length `k`, given the requested variant and split.
+/// and reduction length `k`, given the variant (`Auto` here means a portable tile: resolve it with
+/// [`conv2d_variant`] first to get the device's choice) and split.
 pub fn conv2d_plan(
     m: usize,
     o: usize,
@@ -100,6 +126,9 @@ pub fn conv2d_plan(
     variant: Conv2dVariant,
     split_k: Option<usize>,
 ) -> (Conv2dVariant, usize) {
+    if variant.is_coop() {
+        return (variant, coop_splits(m, o, k, split_k));
+    }
     let tiles_n = o.div_ceil(64);
     let variant = match variant {
         // Large images (the VAE's): the 128-pixel tile still gives plenty of workgroups and reuses
@@ -136,6 +165,48 @@ pub fn conv2d_plan(
     (variant, k.div_ceil(k_split))
 }
 
+/// K splits of the cooperative kernel: as for the portable ones, but for 128 x 128 tiles, whole 32-deep
+/// K steps and at least 512 of K per split unless asked.
+fn coop_splits(m: usize, o: usize, k: usize, split_k: Option<usize>) -> usize {
+    let tiles = m.div_ceil(COOP_TILE) * o.div_ceil(COOP_TILE);
+    let split = split_k
+        .unwrap_or_else(|| {
+            if tiles >= COOP_TARGET_WORKGROUPS {
+                1
+            } else {
+                COOP_TARGET_WORKGROUPS
+                    .div_ceil(tiles)
+                    .next_power_of_two()
+                    .min(16)
+            }
+        })
+        .clamp(
+            1,
+            k.div_ceil(if split_k.is_some() { COOP_K_STEP } else { 512 })
+                .max(1),
+        );
+    let k_split = k.div_ceil(split).div_ceil(COOP_K_STEP) * COOP_K_STEP;
+    k.div_ceil(k_split)
+}
+
+/// The kernel [`conv2d`] runs on this device for activations of `x_dtype` and weights of `w_dtype` in
+/// `w_layout`, `o` output channels and reduction length `k` (C*KH*KW): `Auto` becomes
+/// [`Conv2dVariant::Coop`] where that is available and worthwhile (all f16, row-major weights, at
+/// least 64 channels and 64 of K), else stays `Auto`; explicit cooperative variants the device or
+/// weights cannot run are errors. Callers sizing a shared split-K scratch pass the result to
+/// [`conv2d_plan`].
+pub fn conv2d_variant(
+    gpu: &Gpu,
+    x_dtype: DType,
+    w_dtype: DType,
+    w_layout: Layout,
+    o: usize,
+    k: usize,
+    requested: Conv2dVariant,
+) -> Result<Conv2dVariant> {
+    conv_coop::resolve_variant(&gpu.caps, x_dtype, w_dtype, w_layout, o, k, requested)
+}
+
 /// Output height and width of a convolution (`None` when the kernel does not fit the padded input).
 pub fn conv2d_output_size(
     (h, w): (usize, usize),
@@ -152,10 +223,27 @@ pub fn conv2d_output_size(
     Some(((hp - kh) / stride + 1, (wp - kw) / stride + 1))
 }
 
-/// The weight layout [`conv2d`] is fastest with on this device: `[O, C, KH, KW]` stored as its
-/// `[C*KH*KW, O]` transpose.
-pub fn conv2d_weight_layout(_gpu: &Gpu) -> Layout {
-    Layout::Transposed
+/// The layout [`conv2d`] is fastest with on this device for a weight of `shape` (`[O, C, KH, KW]`) and
+/// `dtype`: row-major OIHW where the cooperative kernel will run it (f16, a device with cooperative
+/// matrices, enough channels; activations are assumed to share the weights' dtype, as in SD), else the
+/// `[C*KH*KW, O]` transpose the portable kernels stream fastest.
+pub fn conv2d_weight_layout(gpu: &Gpu, shape: &[usize], dtype: DType) -> Layout {
+    let (o, k) = match shape {
+        [o, c, kh, kw] => (*o, c * kh * kw),
+        _ => return Layout::Transposed,
+    };
+    match conv2d_variant(
+        gpu,
+        dtype,
+        dtype,
+        Layout::RowMajor,
+        o,
+        k,
+        Conv2dVariant::Auto,
+    ) {
+        Ok(v) if v.is_coop() => Layout::RowMajor,
+        _ => Layout::Transposed,
+    }
 }
 
 /// Converts row-major OIHW weight bytes (`shape` = `[O, C, KH, KW]`, f32 or f16) to `layout`
@@ -207,7 +295,7 @@ pub fn conv2d_weight(
     dtype: DType,
     oihw: &[u8],
 ) -> Result<Tensor> {
-    let layout = conv2d_weight_layout(gpu);
+    let layout = conv2d_weight_layout(gpu, shape, dtype);
     let bytes = conv2d_weight_bytes(oihw, shape, dtype, layout)?;
     gpu.tensor_from_bytes(label, shape, dtype, layout, &bytes, Category::Weights)
 }
@@ -229,7 +317,7 @@ fn float(t: &Tensor, what: &str, gpu: &Gpu) -> Result<()> {
 }
 
 /// The base-offset expression of tensor binding `b` (1-based) in the params header.
-fn offset_expr(b: usize) -> String {
+pub(crate) fn offset_expr(b: usize) -> String {
     format!("p.offs[{}u][{}u]", (b - 1) / 4, (b - 1) % 4)
 }
 
@@ -356,12 +444,22 @@ pub fn conv2d(
         ));
     }
 
-    let (variant, splits) = conv2d_plan(m, o, k, opts.variant, opts.split_k);
+    let requested = conv2d_variant(gpu, x.dtype, w.dtype, w.layout, o, k, opts.variant)?;
+    let total = out.numel();
+    let (variant, mut splits) = conv2d_plan(m, o, k, requested, opts.split_k);
+    // A shared scratch sized by a caller's own plan may hold fewer splits than this device's plan
+    // wants (the cooperative kernel splits differently): use as many as it holds.
+    if let (None, Some(shared)) = (opts.split_k, opts.split_scratch)
+        && splits > 1
+        && shared.numel() < splits * total
+    {
+        splits = conv2d_plan(m, o, k, variant, Some((shared.numel() / total).max(1))).1;
+    }
     let (bm, tn) = variant.shape();
-    let k_split = k.div_ceil(splits).div_ceil(16) * 16;
+    let k_step = if variant.is_coop() { COOP_K_STEP } else { 16 };
+    let k_split = k.div_ceil(splits).div_ceil(k_step) * k_step;
     let tiles_n = o.div_ceil(64);
     let tiles = m.div_ceil(bm) * tiles_n;
-    let total = out.numel();
     if splits * total >= i32::MAX as usize {
         return Err(shape_err!(
             "conv2d: split-K scratch for {:?} is too large",
@@ -464,6 +562,71 @@ pub fn conv2d(
                 },
             )
     };
+    let mut epilogue_bytes = 0.0;
+    let mut epilogue_flops = 0.0;
+    for t in [bias, opts.residual].into_iter().flatten() {
+        epilogue_bytes += t.byte_len() as f64;
+        epilogue_flops += total as f64;
+    }
+    // The split-K reduction: sums the partial results and applies bias and residual.
+    let reduce = || -> Result<Dispatch> {
+        let rname = format!("conv2d_reduce_{}{fused}", x.dtype.wgsl());
+        let rspec = common(
+            KernelSpec::new(rname, shader!("conv.wgsl"), "conv2d_reduce"),
+            true,
+        )
+        .define("REDUCE", 1)
+        .define("SPLIT", 0);
+        gpu.dispatch(
+            &gpu.kernel(&rspec)?,
+            &params,
+            &tensors,
+            grid(
+                (if ovec { total / 4 } else { total }).div_ceil(256) as u32,
+                max,
+            ),
+            Cost {
+                flops: ((splits - 1) * total) as f64 + epilogue_flops,
+                bytes: ((splits * total * 4) as f64) + out.byte_len() as f64 + epilogue_bytes,
+            },
+        )
+    };
+
+    if variant.is_coop() {
+        let geometry = ConvGeometry {
+            n,
+            c,
+            h,
+            w: wd,
+            o,
+            kh,
+            kw,
+            ho,
+            wo,
+            stride: s,
+            pad,
+            pad_end: opts.padding_end.unwrap_or(pad),
+        };
+        let target = match &scratch {
+            Some(scratch) => CoopTarget::Split {
+                scratch,
+                splits,
+                k_split,
+            },
+            None => CoopTarget::Out {
+                out,
+                bias,
+                residual: opts.residual,
+            },
+        };
+        let main = conv_coop::dispatch(gpu, &geometry, x, w, target, variant)?;
+        return Ok(if split {
+            vec![main, reduce()?]
+        } else {
+            vec![main]
+        });
+    }
+
     let name = format!(
         "conv{kh}x{kw}s{s}_{}_w{}_p{bm}c{tn}{}{}",
         x.dtype.wgsl(),
@@ -496,12 +659,6 @@ pub fn conv2d(
     } else {
         out.byte_len() as f64
     };
-    let mut epilogue_bytes = 0.0;
-    let mut epilogue_flops = 0.0;
-    for t in [bias, opts.residual].into_iter().flatten() {
-        epilogue_bytes += t.byte_len() as f64;
-        epilogue_flops += total as f64;
-    }
     let conv_flops = 2.0 * m as f64 * o as f64 * k as f64;
     let conv_tensors = [x, w, scratch.as_ref().unwrap_or(out)];
     if !split {
@@ -527,27 +684,7 @@ pub fn conv2d(
             bytes: conv_bytes,
         },
     )?;
-    let rname = format!("conv2d_reduce_{}{fused}", x.dtype.wgsl());
-    let rspec = common(
-        KernelSpec::new(rname, shader!("conv.wgsl"), "conv2d_reduce"),
-        true,
-    )
-    .define("REDUCE", 1)
-    .define("SPLIT", 0);
-    let reduce = gpu.dispatch(
-        &gpu.kernel(&rspec)?,
-        &params,
-        &tensors,
-        grid(
-            (if ovec { total / 4 } else { total }).div_ceil(256) as u32,
-            max,
-        ),
-        Cost {
-            flops: ((splits - 1) * total) as f64 + epilogue_flops,
-            bytes: ((splits * total * 4) as f64) + out.byte_len() as f64 + epilogue_bytes,
-        },
-    )?;
-    Ok(vec![main, reduce])
+    Ok(vec![main, reduce()?])
 }
 
 #[cfg(test)]
@@ -591,6 +728,24 @@ mod tests {
         assert_eq!(conv2d_plan(64, 8, 72, Auto, None), (P64C4, 1));
         assert_eq!(conv2d_plan(64, 8, 72, P128C8, Some(3)), (P128C8, 3));
         assert_eq!(conv2d_plan(64, 8, 40, P64C4, Some(5)), (P64C4, 3));
+    }
+
+    #[test]
+    fn coop_plans() {
+        use Conv2dVariant::*;
+        // SD 1.5 at 512x512, batch 2: 64x64 x 320 has 192 tiles of 128 x 128 (no split); the small
+        // maps are split in whole 32-deep K steps; the VAE's large maps never are.
+        assert_eq!(conv2d_plan(2 * 64 * 64, 320, 2880, Coop, None), (Coop, 1));
+        assert_eq!(conv2d_plan(2 * 32 * 32, 640, 5760, Coop, None), (Coop, 2));
+        assert_eq!(conv2d_plan(2 * 16 * 16, 1280, 11520, Coop, None), (Coop, 4));
+        assert_eq!(conv2d_plan(2 * 8 * 8, 1280, 11520, Coop, None), (Coop, 16));
+        assert_eq!(conv2d_plan(128 * 128, 512, 4608, Coop, None), (Coop, 1));
+        // Forced splits are never empty: K 45 holds 2 steps of 32.
+        assert_eq!(
+            conv2d_plan(64, 70, 45, CoopEmulated, Some(3)),
+            (CoopEmulated, 2)
+        );
+        assert_eq!(conv2d_plan(64, 70, 360, Coop, Some(3)), (Coop, 3));
     }
 
     #[test]

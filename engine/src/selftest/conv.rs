@@ -1,14 +1,18 @@
 //! Checks for the conv kernels: the geometries SD uses (3x3 stride 1 and 2, 1x1, padding 0/1, the VAE's
 //! asymmetric padding) on odd sizes, both tile variants, both weight layouts, f32/f16 io, fused bias and
-//! residual, and views at unaligned offsets (which switch the vec4 paths off).
+//! residual, and views at unaligned offsets (which switch the vec4 paths off). The cooperative-matrix
+//! kernel runs its own cases (tiles of 128 channels x 128 pixels) on devices that have it, and its
+//! FMA emulation runs them on every f16 device.
 
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::conv::{
-    Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan, conv2d_weight_bytes,
+    Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan, conv2d_weight,
+    conv2d_weight_bytes,
 };
+use crate::kernels::matmul::coop_available;
 use crate::memory::Category;
 use crate::reference::conv::{self as r, ConvShape};
 use crate::tensor::{DType, Layout, Tensor};
@@ -190,8 +194,114 @@ pub fn cases(gpu: &Gpu) -> Vec<ConvCase> {
                 ..v[i]
             });
         }
+        all.extend(coop_cases(gpu));
     }
     all
+}
+
+/// The cooperative kernel's cases: its emulation everywhere (f16 devices), the real one where the device
+/// has cooperative matrices. Row-major weights; operands are f16-exact (the kernel rounds them to f16).
+fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
+    let c = |x, o, k, stride, pad| ConvCase {
+        xdt: DType::F16,
+        wdt: DType::F16,
+        layout: Layout::RowMajor,
+        ..ConvCase::new(x, o, k, stride, pad)
+    };
+    let v = [
+        // 3x3 s1 p1, batch 2: 198 pixels (two pixel tiles, an image boundary inside the first, odd
+        // Ho*Wo: scalar stores), 136 channels (two channel tiles), K 45 (not a multiple of 4 or 32).
+        ConvCase {
+            bias: true,
+            ..c([2, 5, 9, 11], 136, 3, 1, 1)
+        },
+        // SD's downsample (3x3 s2 p1): Ho*Wo 64 (vec4 stores), K 108 (vec4 weights).
+        ConvCase {
+            bias: true,
+            residual: true,
+            ..c([1, 12, 16, 16], 70, 3, 2, 1)
+        },
+        // 1x1, batch 2: vec4 gathers.
+        ConvCase {
+            bias: true,
+            ..c([2, 40, 8, 8], 72, 1, 1, 0)
+        },
+        // 1x1 with odd Ho*Wo: scalar gathers and stores.
+        ConvCase {
+            residual: true,
+            ..c([1, 33, 5, 7], 65, 1, 1, 0)
+        },
+        // f32 activations and output (rounded to f16 on load), f32 and f16 weights.
+        ConvCase {
+            xdt: DType::F32,
+            wdt: DType::F32,
+            bias: true,
+            residual: true,
+            ..c([2, 8, 10, 10], 20, 3, 1, 1)
+        },
+        ConvCase {
+            xdt: DType::F32,
+            bias: true,
+            ..c([1, 16, 12, 12], 130, 3, 1, 1)
+        },
+        // The VAE encoder's downsample: pad (0, 1), stride 2.
+        ConvCase {
+            pad_end: Some(1),
+            bias: true,
+            ..c([1, 6, 8, 8], 64, 3, 2, 0)
+        },
+        // 7x7 (49 taps): the per-tap bounds test instead of the tap mask.
+        ConvCase {
+            bias: true,
+            ..c([1, 2, 9, 10], 64, 7, 1, 3)
+        },
+        // Every operand at an odd offset: scalar paths.
+        ConvCase {
+            bias: true,
+            residual: true,
+            offsets: [3, 2, 1],
+            ..c([1, 5, 6, 8], 12, 3, 1, 1)
+        },
+        ConvCase {
+            offsets: [1, 3, 5],
+            ..c([1, 8, 4, 4], 8, 1, 1, 0)
+        },
+        // Aligned non-zero offsets keep the vec4 paths.
+        ConvCase {
+            bias: true,
+            residual: true,
+            offsets: [4, 8, 12],
+            ..c([1, 40, 4, 4], 8, 1, 1, 0)
+        },
+        // Split-K: 3 splits of K 360 into a shared scratch, then bias and residual in the reduction;
+        // 2 splits with f32 output; 2 splits with vec4 scratch stores.
+        ConvCase {
+            bias: true,
+            residual: true,
+            split_k: Some(3),
+            ..c([1, 40, 6, 6], 130, 3, 1, 1)
+        },
+        ConvCase {
+            xdt: DType::F32,
+            wdt: DType::F32,
+            bias: true,
+            split_k: Some(2),
+            ..c([2, 5, 9, 11], 136, 3, 1, 1)
+        },
+        ConvCase {
+            residual: true,
+            split_k: Some(2),
+            ..c([1, 12, 16, 16], 70, 3, 2, 1)
+        },
+    ];
+    let mut variants = vec![Conv2dVariant::CoopEmulated];
+    if coop_available(&gpu.caps) {
+        variants.push(Conv2dVariant::Coop);
+    }
+    variants
+        .into_iter()
+        .flat_map(|variant| v.map(|c| ConvCase { variant, ..c }))
+        .collect()
 }
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
@@ -200,7 +310,51 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         .map(|c| check_conv(gpu, rng, c))
         .collect::<Result<Vec<_>>>()?;
     out.push(check_rejects(gpu)?);
+    if gpu.caps.f16 {
+        out.push(check_auto_choice(gpu)?);
+    }
     Ok(out)
+}
+
+/// `Auto` runs SD's f16 convolutions on the cooperative kernel exactly where the device has it (with the
+/// weights [`conv2d_weight`] uploads row-major for it), and the tiny ones (4 input or output channels)
+/// on the portable kernel everywhere.
+pub fn check_auto_choice(gpu: &Gpu) -> Result<Check> {
+    let coop = coop_available(&gpu.caps);
+    let f16 = DType::F16;
+    let mut wrong = Vec::new();
+    for (c, o, want_coop) in [(320, 320, coop), (4, 320, false), (320, 4, false)] {
+        let x = gpu.tensor("x", &[2, c, 8, 8], f16, Category::Activations)?;
+        let out = gpu.tensor("out", &[2, o, 8, 8], f16, Category::Activations)?;
+        let bytes = vec![0u8; o * c * 9 * 2];
+        let w = conv2d_weight(gpu, "w", &[o, c, 3, 3], f16, &bytes)?;
+        let opts = Conv2dOptions {
+            padding: 1,
+            ..Default::default()
+        };
+        let ds = conv2d(gpu, &x, &w, None, &out, &opts)?;
+        let got_coop = ds.iter().any(|d| d.name.contains("_coop"));
+        let want_layout = if want_coop {
+            Layout::RowMajor
+        } else {
+            Layout::Transposed
+        };
+        if got_coop != want_coop || w.layout != want_layout {
+            wrong.push(format!(
+                "C {c} O {o}: coop {got_coop} with {:?} weights, want coop {want_coop} with {want_layout:?}",
+                w.layout
+            ));
+        }
+    }
+    Ok(Check {
+        name: format!("conv2d Auto picks the cooperative kernel where available ({coop})"),
+        passed: wrong.is_empty(),
+        worst_ratio: 0.0,
+        max_abs_err: 0.0,
+        atol: 0.0,
+        rtol: 0.0,
+        detail: wrong.join("; "),
+    })
 }
 
 /// The builder refuses mismatched shapes, dtypes and layouts with an error (no panic, no dispatch).
@@ -215,6 +369,12 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
     };
     let mut blocks = w.clone();
     blocks.layout = Layout::Blocks;
+    let mut transposed = w.clone();
+    transposed.layout = Layout::Transposed;
+    let coop = Conv2dOptions {
+        variant: Conv2dVariant::Coop,
+        ..pad1
+    };
     let bad = [
         // Wrong output size for padding 0, wrong channel count, wrong bias, wrong residual, bad layout,
         // u32 input, a kernel larger than the padded input.
@@ -244,6 +404,9 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
             &Conv2dOptions::default(),
         )
         .is_err(),
+        // The cooperative kernel with transposed weights (anywhere), or on a device without it.
+        conv2d(gpu, &x, &transposed, None, &out, &coop).is_err(),
+        coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop).is_err(),
     ];
     let ok = conv2d(gpu, &x, &w, None, &out, &pad1).is_ok();
     let failed: Vec<usize> = bad
@@ -323,8 +486,11 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
     let out_n = n * c.o * ho * wo;
     let kred = ch * c.k * c.k;
 
-    let xv = random(rng, n * ch * h * w, -1.0, 1.0, c.xdt);
-    let wv = random(rng, c.o * kred, -1.0, 1.0, c.wdt);
+    // The cooperative kernel rounds its operands to f16: give it f16-exact values in either dtype.
+    let coop = c.variant.is_coop();
+    let operand = |d: DType| if coop { DType::F16 } else { d };
+    let xv = random(rng, n * ch * h * w, -1.0, 1.0, operand(c.xdt));
+    let wv = random(rng, c.o * kred, -1.0, 1.0, operand(c.wdt));
     let bv = random(rng, c.o, -1.0, 1.0, c.wdt);
     let rv = random(rng, out_n, -2.0, 2.0, c.xdt);
     let [xo, wofs, oo] = c.offsets;
@@ -387,7 +553,9 @@ pub fn check_conv(gpu: &Gpu, rng: &mut Rng, c: ConvCase) -> Result<Check> {
         g,
     );
     // f32 accumulation over K terms of |x w| <= 1: rounding grows like sqrt(K) ulps of the partial sums.
-    let atol = 1e-6 * (kred as f64).sqrt() + if c.xdt == DType::F16 { 1e-5 } else { 0.0 };
+    // Tensor cores may add the products in another order and round differently: 4x that for them.
+    let atol = if coop { 4e-6 } else { 1e-6 } * (kred as f64).sqrt()
+        + if c.xdt == DType::F16 { 1e-5 } else { 0.0 };
     let name = format!(
         "conv2d {}x{} s{} p{}{} x{:?} O{} {:?}/{:?} {:?}{}{} offs{:?} {:?} split {}",
         c.k,

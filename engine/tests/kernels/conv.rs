@@ -1,4 +1,5 @@
 use crate::common::{gpu, run_checks};
+use crate::spirv::{combos, to_spirv};
 use drift_engine::kernels::conv::{
     Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan,
 };
@@ -8,6 +9,63 @@ use drift_engine::{Category, DType, Dispatch, Layout, Program, Result};
 #[test]
 fn conv_matches_reference() {
     run_checks(drift_engine::selftest::conv::checks);
+}
+
+/// The cooperative-matrix convolution cannot run on lavapipe (only its emulation can): check every
+/// specialisation the builder can select offline (parse, validate, SPIR-V) so it is known to compile
+/// before it meets the H200.
+#[test]
+fn conv_coop_compiles_to_spirv() {
+    let source = drift_engine::shader!("conv_coop.wgsl");
+    let mut n = 0;
+    // (KH, KW, S, P, MASK): SD's 3x3 stride 1 and 2, 1x1, and a 7x7 with the per-tap bounds test.
+    for (kh, kw, s, p, mask) in [
+        ("3", "3", "1", "1", "1"),
+        ("3", "3", "2", "1", "1"),
+        ("1", "1", "1", "0", "1"),
+        ("7", "7", "1", "3", "0"),
+    ] {
+        for (tx, tw, tb) in [
+            ("f16", "f16", "f16"),
+            ("f32", "f32", "f32"),
+            ("f16", "f32", "f32"),
+            ("f32", "f16", "f16"),
+        ] {
+            let fixed = [
+                ("TX", tx),
+                ("TW", tw),
+                ("TB", tb),
+                ("KH", kh),
+                ("KW", kw),
+                ("S", s),
+                ("P", p),
+                ("MASK", mask),
+                ("B_BIAS", "4"),
+                ("B_RES", "5"),
+                ("OFF_BIAS", "p.offs[0][3]"),
+                ("OFF_RES", "p.offs[1][0]"),
+            ];
+            for d in combos(
+                &fixed,
+                &[
+                    "XVEC", "VA", "VO", "EPI4", "SPLIT", "BIAS", "RES", "EMULATE",
+                ],
+            ) {
+                let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
+                // The builder fuses bias and residual only without split-K, and reads x as vec4 only
+                // for 1x1 convolutions.
+                if (on("SPLIT") && (on("BIAS") || on("RES"))) || (on("XVEC") && kh != "1") {
+                    continue;
+                }
+                let words = to_spirv("conv_coop", source, &d);
+                // OpCapability CooperativeMatrixKHR (6022) exactly when not emulated.
+                let coop = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
+                assert_eq!(coop, !on("EMULATE"), "{d:?}");
+                n += 1;
+            }
+        }
+    }
+    assert_eq!(n, 4 * (3 * 80 + 160));
 }
 
 /// Best wall time per copy of `reps` copies of one dispatch sequence in one submit, after a warm-up

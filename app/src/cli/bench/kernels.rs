@@ -3,7 +3,7 @@
 use anyhow::Result;
 use drift_engine::kernels::activation::{UnaryOp, unary};
 use drift_engine::kernels::attention::{AttentionOptions, attention};
-use drift_engine::kernels::conv::{Conv2dOptions, conv2d, conv2d_weight};
+use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
 use drift_engine::kernels::elementwise::{BinaryOp, binary};
 use drift_engine::kernels::matmul::{
@@ -13,7 +13,7 @@ use drift_engine::kernels::matvec::{MatvecOptions, matvec};
 use drift_engine::kernels::norm::{GroupNormOptions, groupnorm, rmsnorm};
 use drift_engine::kernels::quant::{QuantTuning, matvec_quant, matvec_quant_tuned};
 use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
-use drift_engine::{Category, DType, Gpu, Program};
+use drift_engine::{Category, DType, Gpu, Layout, Program};
 
 use super::Measurement;
 use super::timing::measure;
@@ -345,29 +345,7 @@ pub fn run_all(
         )?);
     }
     // Stable Diffusion 1.5 building blocks at 512x512, batch 2 (CFG).
-    if wanted("conv") {
-        let x = act(&[2, 320, 64, 64], dt)?;
-        let o = act(&[2, 320, 64, 64], dt)?;
-        let w = conv2d_weight(
-            gpu,
-            "w",
-            &[320, 320, 3, 3],
-            dt,
-            &vec![0u8; 320 * 320 * 9 * dt_bytes(dt)],
-        )?;
-        let opts = Conv2dOptions {
-            stride: 1,
-            padding: 1,
-            ..Default::default()
-        };
-        report(measure(
-            gpu,
-            "conv2d 3x3 2x320x64x64 -> 320",
-            &conv2d(gpu, &x, &w, None, &o, &opts)?,
-            reps.min(5),
-            "",
-        )?);
-    }
+    conv_cases(gpu, reps, filter, report)?;
     if wanted("groupnorm") {
         let x = act(&[2, 320, 64, 64], dt)?;
         let o = act(&[2, 320, 64, 64], dt)?;
@@ -420,6 +398,88 @@ pub fn run_all(
     }
     if wanted("dispatch") {
         report(dispatch_overhead(gpu)?);
+    }
+    Ok(())
+}
+
+/// SD 1.5's convolutions: the UNet's 3x3 at 64x64 x 320 (batch 2) and the VAE decoder's at 128x128 x 512,
+/// with the kernel this device picks (`conv2d 3x3 2x320x64x64 -> 320`), the portable one (`... portable`)
+/// and, where the device has it, the cooperative one (`... coop`). The filter "convcoopsweep" adds the
+/// cooperative kernel at SD's other map sizes with forced K splits (to tune its split rule).
+fn conv_cases(
+    gpu: &Gpu,
+    reps: usize,
+    filter: Option<&str>,
+    report: &mut dyn FnMut(Measurement),
+) -> Result<()> {
+    let dt = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+    let coop = coop_available(&gpu.caps) && dt == DType::F16;
+    let wanted = |name: &str| filter.is_none_or(|f| name.contains(f));
+    // (name, input [N, C, H, W] with as many output channels as input ones, variant, K splits)
+    let mut cases: Vec<(String, [usize; 4], Conv2dVariant, Option<usize>)> = Vec::new();
+    for (x, label) in [
+        ([2, 320, 64, 64], "2x320x64x64"),
+        ([1, 512, 128, 128], "1x512x128x128"),
+    ] {
+        let name = format!("conv2d 3x3 {label} -> {}", x[1]);
+        cases.push((name.clone(), x, Conv2dVariant::Auto, None));
+        cases.push((format!("{name} portable"), x, Conv2dVariant::P64C4, None));
+        if coop {
+            cases.push((format!("{name} coop"), x, Conv2dVariant::Coop, None));
+        }
+    }
+    if coop && filter.is_some_and(|f| f.contains("convcoopsweep")) {
+        for (x, splits) in [
+            ([2, 320, 64, 64], [1, 2, 4]),
+            ([2, 640, 32, 32], [1, 2, 4]),
+            ([2, 1280, 16, 16], [2, 4, 8]),
+            ([2, 1280, 8, 8], [4, 8, 16]),
+        ] {
+            for split in splits {
+                let name = format!(
+                    "convcoopsweep 3x3 {}x{}x{}x{} split {split}",
+                    x[0], x[1], x[2], x[3]
+                );
+                cases.push((name, x, Conv2dVariant::Coop, Some(split)));
+            }
+        }
+    }
+    for (name, x, variant, split_k) in cases {
+        if !wanted(&name) {
+            continue;
+        }
+        let o = x[1];
+        let xt = gpu.tensor("bench", &x, dt, Category::Activations)?;
+        let out = gpu.tensor("bench", &[x[0], o, x[2], x[3]], dt, Category::Activations)?;
+        let shape = [o, x[1], 3, 3];
+        let mut w = conv2d_weight(
+            gpu,
+            "w",
+            &shape,
+            dt,
+            &vec![0u8; o * x[1] * 9 * dt_bytes(dt)],
+        )?;
+        // The portable kernel streams transposed weights fastest, the cooperative one needs row-major
+        // (the weights are zeros: the same bytes in either layout).
+        w.layout = match variant {
+            Conv2dVariant::Coop => Layout::RowMajor,
+            Conv2dVariant::Auto => w.layout,
+            _ => Layout::Transposed,
+        };
+        let opts = Conv2dOptions {
+            stride: 1,
+            padding: 1,
+            variant,
+            split_k,
+            ..Default::default()
+        };
+        report(measure(
+            gpu,
+            &name,
+            &conv2d(gpu, &xt, &w, None, &out, &opts)?,
+            reps.min(5),
+            "",
+        )?);
     }
     Ok(())
 }

@@ -1,0 +1,562 @@
+// 2-D convolution over NCHW tensors on cooperative matrices (tensor cores): f16 operands, f32 accumulation.
+//   out[n, o, ho, wo] = bias[o] + residual[n, o, ho, wo]
+//                     + sum_{c, kh, kw} w[o, c, kh, kw] * x[n, c, ho*S - P + kh, wo*S - P + kw]
+// GEMM view: rows are the O output channels (the weights, [O, K] row-major OIHW), columns the N*Ho*Wo
+// output pixels of every image (the im2col matrix [K, N*Ho*Wo], never stored: gathered on the fly),
+// K = C*KH*KW with k = (c*KH + kh)*KW + kw. Numbering the pixels of all images together keeps the small
+// feature maps (8x8, 16x16) from leaving most of a 128-pixel tile empty.
+//
+// A workgroup of 4 subgroups computes 128 channels x 128 pixels; subgroup q owns the 64 x 64 quadrant
+// (q / 2, q % 2) as 4 x 4 accumulators of 16 x 16. Per K step of 32 the weight tile (128 x 32, rows of K)
+// and the gathered input tile (32 x 128, rows of pixels) are staged in workgroup memory as vec4<f16>, rows
+// padded so that 16-row matrix loads spread over the banks; the next step's values are fetched into
+// registers while this one is multiplied. Values outside the image (padding), past O, past the last pixel
+// or past the K range are zeros. The results leave through an f32 staging area so every store is guarded
+// and gets its bias, residual and conversion per element.
+// With split-K (SPLIT) each workgroup reduces one K range into an f32 scratch [splits, N, O, Ho, Wo]; the
+// `conv2d_reduce` entry point of conv.wgsl then adds the ranges, the bias and the residual.
+//
+// Rules this kernel keeps (shared with matmul_coop.wgsl):
+// - control flow around cooperative operations and barriers depends only on the workgroup id and
+//   uniforms (the tile, the K range), never on the invocation;
+// - offsets are computed in `let`s before each coopLoad/coopStore (naga's SPIR-V writer panics on
+//   inline index expressions there);
+// - nothing private is indexed by a loop counter (it would live in local memory): the staging
+//   registers are a struct of named fields and the 16 accumulators named variables;
+// - 128 invocations are exactly 4 subgroups: the host selects this kernel only with subgroups of 32.
+// EMULATE replaces the cooperative matrices by plain f32 FMAs over the same staged tiles (each invocation
+// owns 8 of each 16 x 16 accumulator's values), so the gather, the tiling and the epilogue run and are
+// checked on devices without tensor cores; it needs no subgroups.
+//
+// Specialisation:
+//   TX, TW, TB  element types of x/out/residual, w, bias (f32|f16); operands are rounded to f16 on load
+//   KH, KW, S, P  kernel size, stride and top/left padding
+//   MASK        KH*KW <= 32: each gathered pixel keeps a bit mask of its in-image kernel taps
+//   XVEC        x read as vec4 (1x1, stride 1, no padding, H*W % 4 == 0, offset aligned)
+//   VA          w read as vec4 (K % 4 == 0, offset aligned)
+//   VO          out, residual and scratch accessed as vec4 (Ho*Wo % 4 == 0, offsets aligned)
+//   EPI4        stage 4 accumulators per subgroup at a time (16 KiB) instead of 1 (4 KiB)
+//   SPLIT       write f32 partial sums of this workgroup's K range into the scratch
+//   BIAS, RES   fused bias / residual at bindings B_BIAS / B_RES, base offsets OFF_BIAS / OFF_RES
+//   EMULATE     see above
+enable f16;
+#ifnot EMULATE
+enable wgpu_cooperative_matrix;
+#endif
+
+struct Params {
+    offs: array<vec4<u32>, 2>,
+    c: u32, h: u32, w: u32, o: u32,
+    wo: u32, hw_out: u32, pixels: u32, k: u32,
+    // Channel tiles, tiles per split, workgroups in all, K per split (a multiple of 32).
+    tiles_m: u32, tiles: u32, groups: u32, k_split: u32,
+    // Elements of one split's output, elements of one input image.
+    total: u32, chw: u32, pad0: u32, pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+#if XVEC
+@group(0) @binding(1) var<storage, read> xin: array<vec4<{{TX}}>>;
+#else
+@group(0) @binding(1) var<storage, read> xin: array<{{TX}}>;
+#endif
+#if VA
+@group(0) @binding(2) var<storage, read> wgt: array<vec4<{{TW}}>>;
+#else
+@group(0) @binding(2) var<storage, read> wgt: array<{{TW}}>;
+#endif
+#if SPLIT
+alias TO = f32;
+#else
+alias TO = {{TX}};
+#endif
+#if VO
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<TO>>;
+#else
+@group(0) @binding(3) var<storage, read_write> out: array<TO>;
+#endif
+#if BIAS
+@group(0) @binding({{B_BIAS}}) var<storage, read> bias: array<{{TB}}>;
+#endif
+#if RES
+#if VO
+@group(0) @binding({{B_RES}}) var<storage, read> res: array<vec4<{{TX}}>>;
+#else
+@group(0) @binding({{B_RES}}) var<storage, read> res: array<{{TX}}>;
+#endif
+#endif
+
+const WG = 128u;
+const BM = 128u; // output channels per workgroup
+const BN = 128u; // output pixels per workgroup
+const BK = 32u;
+const KHW: u32 = {{KH}}u * {{KW}}u;
+// Row pitches in vec4<f16>: 10 (80 bytes) for the 32-deep weight rows, 34 (272 bytes) for the 128-wide
+// pixel rows; both keep the 16-byte alignment of cooperative loads and put 8 consecutive rows on
+// different banks.
+const PK = 10u;
+const PN = 34u;
+
+var<workgroup> ws: array<vec4<f16>, BM * PK>; // ws[o][k / 4]
+var<workgroup> xs: array<vec4<f16>, BK * PN>; // xs[k][pixel / 4]
+
+#if EPI4
+const EW = 64u; // staged columns per subgroup and round
+#else
+const EW = 16u;
+#endif
+var<workgroup> cs: array<f32, 4u * 16u * EW>;
+
+// End of this workgroup's K range.
+var<private> k_end: u32;
+// The 4 pixels this invocation gathers: offset of each kernel window's top-left corner in x (may be
+// negative), with MASK the bit mask of in-image taps (bit kh*KW + kw; 0 for pixels past the end), else
+// the corner's row and column and whether the pixel exists.
+var<private> pix: vec4<i32>;
+var<private> mask: vec4<u32>;
+var<private> hi0: vec4<i32>;
+var<private> wi0: vec4<i32>;
+
+// Four K-consecutive weights w[row, k..k+3], zero outside.
+#if VA
+fn fetch_w(row: u32, k: u32) -> vec4<f16> {
+    // K % 4 == 0 and K-range ends are multiples of 4: the four are all in range or all out.
+    if row < p.o && k < k_end {
+        return vec4<f16>(wgt[(p.offs[0].y + row * p.k + k) / 4u]);
+    }
+    return vec4<f16>(0.0);
+}
+#else
+fn w_at(row: u32, k: u32) -> f16 {
+    if row < p.o && k < k_end {
+        return f16(wgt[p.offs[0].y + row * p.k + k]);
+    }
+    return f16(0.0);
+}
+
+fn fetch_w(row: u32, k: u32) -> vec4<f16> {
+    return vec4<f16>(w_at(row, k), w_at(row, k + 1u), w_at(row, k + 2u), w_at(row, k + 3u));
+}
+#endif
+
+// The im2col values of reduction index k for this invocation's 4 pixels.
+#if XVEC
+fn gather(k: u32) -> vec4<f16> {
+    // 1x1 stride 1: k is the channel and the 4 pixels are contiguous, in one image, 16-byte aligned.
+    if k >= k_end || mask.x == 0u {
+        return vec4<f16>(0.0);
+    }
+    return vec4<f16>(xin[(p.offs[0].x + u32(pix.x) + k * p.hw_out) / 4u]);
+}
+#else
+fn tap(corner: i32, bits: u32, r: u32, delta: u32, hi: i32, wi: i32) -> f16 {
+#if MASK
+    let inside = ((bits >> r) & 1u) != 0u;
+#else
+    let inside = bits != 0u && hi >= 0 && hi < i32(p.h) && wi >= 0 && wi < i32(p.w);
+#endif
+    if inside {
+        return f16(xin[p.offs[0].x + u32(corner + i32(delta))]);
+    }
+    return f16(0.0);
+}
+
+fn gather(k: u32) -> vec4<f16> {
+    if k >= k_end {
+        return vec4<f16>(0.0);
+    }
+    let c = k / KHW;
+    let r = k - c * KHW;
+    let kh = r / {{KW}}u;
+    let kw = r - kh * {{KW}}u;
+    // Offset of this tap from the window corner, the same for every pixel.
+    let delta = c * p.h * p.w + kh * p.w + kw;
+    let hi = hi0 + vec4<i32>(i32(kh));
+    let wi = wi0 + vec4<i32>(i32(kw));
+    return vec4<f16>(
+        tap(pix.x, mask.x, r, delta, hi.x, wi.x),
+        tap(pix.y, mask.y, r, delta, hi.y, wi.y),
+        tap(pix.z, mask.z, r, delta, hi.z, wi.z),
+        tap(pix.w, mask.w, r, delta, hi.w, wi.w),
+    );
+}
+#endif
+
+// Global -> registers for one K step: 8 vec4 per operand and invocation, written out (a loop-indexed
+// private array would live in local memory).
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+    v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
+}
+
+// Weights: 8 vec4 per 32-deep row; invocation lid takes channel rows lid / 8 + 16 i.
+fn load_w(lid: u32, m0: u32, k0: u32) -> Stage {
+    let r = m0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(
+        fetch_w(r, k), fetch_w(r + 16u, k), fetch_w(r + 32u, k), fetch_w(r + 48u, k),
+        fetch_w(r + 64u, k), fetch_w(r + 80u, k), fetch_w(r + 96u, k), fetch_w(r + 112u, k),
+    );
+}
+
+fn store_w(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 16u * PK;
+    ws[o] = s.v0;
+    ws[o + d] = s.v1;
+    ws[o + 2u * d] = s.v2;
+    ws[o + 3u * d] = s.v3;
+    ws[o + 4u * d] = s.v4;
+    ws[o + 5u * d] = s.v5;
+    ws[o + 6u * d] = s.v6;
+    ws[o + 7u * d] = s.v7;
+}
+
+// Input: 32 vec4 per 128-pixel row; invocation lid takes pixel group lid % 32 of K rows lid / 32 + 4 i.
+fn load_x(lid: u32, k0: u32) -> Stage {
+    let k = k0 + lid / 32u;
+    return Stage(
+        gather(k), gather(k + 4u), gather(k + 8u), gather(k + 12u),
+        gather(k + 16u), gather(k + 20u), gather(k + 24u), gather(k + 28u),
+    );
+}
+
+fn store_x(lid: u32, s: Stage) {
+    let o = (lid / 32u) * PN + lid % 32u;
+    let d = 4u * PN;
+    xs[o] = s.v0;
+    xs[o + d] = s.v1;
+    xs[o + 2u * d] = s.v2;
+    xs[o + 3u * d] = s.v3;
+    xs[o + 4u * d] = s.v4;
+    xs[o + 5u * d] = s.v5;
+    xs[o + 6u * d] = s.v6;
+    xs[o + 7u * d] = s.v7;
+}
+
+// Per-pixel constants of the 4 pixels starting at `q0` (their images may differ).
+fn locate(q0: u32) {
+    for (var e = 0u; e < 4u; e++) {
+        let q = q0 + e;
+        let qq = min(q, p.pixels - 1u);
+        let n = qq / p.hw_out;
+        let hw = qq - n * p.hw_out;
+        let ho = hw / p.wo;
+        let wo = hw - ho * p.wo;
+        let h0 = i32(ho * {{S}}u) - {{P}};
+        let w0 = i32(wo * {{S}}u) - {{P}};
+        hi0[e] = h0;
+        wi0[e] = w0;
+#if XVEC
+        pix[e] = i32(n * p.chw + hw);
+        mask[e] = u32(q < p.pixels);
+#else
+        pix[e] = i32(n * p.chw) + h0 * i32(p.w) + w0;
+#if MASK
+        var bits = 0u;
+        for (var r = 0u; r < KHW; r++) {
+            let hi = h0 + i32(r / {{KW}}u);
+            let wi = w0 + i32(r % {{KW}}u);
+            if hi >= 0 && hi < i32(p.h) && wi >= 0 && wi < i32(p.w) {
+                bits |= 1u << r;
+            }
+        }
+        mask[e] = select(0u, bits, q < p.pixels);
+#else
+        mask[e] = u32(q < p.pixels);
+#endif
+#endif
+    }
+}
+
+// Stores output channel `o` of the 4 pixels starting at `q` (all < p.pixels with VO). `base` is the
+// output's (or this split's scratch) base offset.
+fn emit(o: u32, q: u32, acc: vec4<f32>, base: u32) {
+    var v = acc;
+#if BIAS
+    v += vec4<f32>(f32(bias[{{OFF_BIAS}} + o]));
+#endif
+    let hw = p.hw_out;
+#if VO
+    // Ho*Wo % 4 == 0: an aligned group of 4 pixels lies in one image and one vec4.
+    let n = q / hw;
+    let i = n * p.o * hw + o * hw + (q - n * hw);
+#if RES
+    v += vec4<f32>(res[({{OFF_RES}} + i) / 4u]);
+#endif
+    out[(base + i) / 4u] = vec4<TO>(v);
+#else
+    for (var e = 0u; e < 4u; e++) {
+        let qe = q + e;
+        if qe < p.pixels {
+            let n = qe / hw;
+            let i = n * p.o * hw + o * hw + (qe - n * hw);
+            var r = v[e];
+#if RES
+            r += f32(res[{{OFF_RES}} + i]);
+#endif
+            out[base + i] = TO(r);
+        }
+    }
+#endif
+}
+
+// Writes the staged 16 x EW blocks of all four subgroups: block q covers channels
+// m0 + (q / 2) * 64 + i * 16 + 0..15 and pixels n0 + (q % 2) * 64 + c0 + 0..EW-1.
+fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, base: u32) {
+    let quads = 4u * 16u * EW / 4u;
+    for (var e = lid; e < quads; e += WG) {
+        let q = e / (16u * EW / 4u);
+        let rem = e % (16u * EW / 4u);
+        let r = rem / (EW / 4u);
+        let c = (rem % (EW / 4u)) * 4u;
+        let s = q * 16u * EW + r * EW + c;
+        let row = m0 + (q / 2u) * 64u + i * 16u + r;
+        let col = n0 + (q % 2u) * 64u + c0 + c;
+        if row < p.o && col < p.pixels {
+            emit(row, col, vec4<f32>(cs[s], cs[s + 1u], cs[s + 2u], cs[s + 3u]), base);
+        }
+    }
+}
+
+#ifnot EMULATE
+fn load_wm(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {
+    let o = (wm * 64u + i * 16u) * PK + ks * 4u;
+    return coopLoadT<coop_mat16x16<f16, A>>(&ws[o], PK);
+}
+
+fn load_xm(j: u32, wn: u32, ks: u32) -> coop_mat16x16<f16, B> {
+    let o = ks * 16u * PN + (wn * 64u + j * 16u) / 4u;
+    return coopLoadT<coop_mat16x16<f16, B>>(&xs[o], PN);
+}
+
+// Accumulator -> staging slot j of subgroup q.
+fn stage(c: coop_mat16x16<f32, C>, q: u32, j: u32) {
+    let o = q * 16u * EW + j * 16u;
+    coopStoreT(c, &cs[o], EW);
+}
+
+@compute @workgroup_size(WG)
+fn conv2d_coop(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if g >= p.groups {
+        return;
+    }
+    // Channel tiles vary fastest: the workgroups gathering one pixel tile run together (L2 reuse).
+    let split = g / p.tiles;
+    let t = g - split * p.tiles;
+    let m0 = (t % p.tiles_m) * BM;
+    let n0 = (t / p.tiles_m) * BN;
+    let k_begin = split * p.k_split;
+    let kend = min(k_begin + p.k_split, p.k);
+    k_end = kend;
+    locate(n0 + (lid % 32u) * 4u);
+    let wm = sg / 2u;
+    let wn = sg % 2u;
+
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c23 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
+    var c33 = coop_mat16x16<f32, C>();
+
+    let ksteps = (kend - k_begin + BK - 1u) / BK;
+    var rw = load_w(lid, m0, k_begin);
+    var rx = load_x(lid, k_begin);
+    for (var t = 0u; t < ksteps; t++) {
+        store_w(lid, rw);
+        store_x(lid, rx);
+        workgroupBarrier();
+        // Prefetch the next K step while this one is multiplied.
+        if t + 1u < ksteps {
+            let k1 = k_begin + (t + 1u) * BK;
+            rw = load_w(lid, m0, k1);
+            rx = load_x(lid, k1);
+        }
+        for (var ks = 0u; ks < BK / 16u; ks++) {
+            let a0 = load_wm(0u, wm, ks);
+            let a1 = load_wm(1u, wm, ks);
+            let a2 = load_wm(2u, wm, ks);
+            let a3 = load_wm(3u, wm, ks);
+            let b0 = load_xm(0u, wn, ks);
+            let b1 = load_xm(1u, wn, ks);
+            let b2 = load_xm(2u, wn, ks);
+            let b3 = load_xm(3u, wn, ks);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            c22 = coopMultiplyAdd(a2, b2, c22);
+            c23 = coopMultiplyAdd(a2, b3, c23);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+            c32 = coopMultiplyAdd(a3, b2, c32);
+            c33 = coopMultiplyAdd(a3, b3, c33);
+        }
+        workgroupBarrier();
+    }
+
+    let base = p.offs[0].z + split * p.total;
+#if EPI4
+    stage(c00, sg, 0u);
+    stage(c01, sg, 1u);
+    stage(c02, sg, 2u);
+    stage(c03, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 0u, 0u, base);
+    workgroupBarrier();
+    stage(c10, sg, 0u);
+    stage(c11, sg, 1u);
+    stage(c12, sg, 2u);
+    stage(c13, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 1u, 0u, base);
+    workgroupBarrier();
+    stage(c20, sg, 0u);
+    stage(c21, sg, 1u);
+    stage(c22, sg, 2u);
+    stage(c23, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 2u, 0u, base);
+    workgroupBarrier();
+    stage(c30, sg, 0u);
+    stage(c31, sg, 1u);
+    stage(c32, sg, 2u);
+    stage(c33, sg, 3u);
+    workgroupBarrier();
+    flush(lid, m0, n0, 3u, 0u, base);
+#else
+    stage(c00, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 0u, base); workgroupBarrier();
+    stage(c01, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 16u, base); workgroupBarrier();
+    stage(c02, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 32u, base); workgroupBarrier();
+    stage(c03, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 48u, base); workgroupBarrier();
+    stage(c10, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 0u, base); workgroupBarrier();
+    stage(c11, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 16u, base); workgroupBarrier();
+    stage(c12, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 32u, base); workgroupBarrier();
+    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, base); workgroupBarrier();
+    stage(c20, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 0u, base); workgroupBarrier();
+    stage(c21, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 16u, base); workgroupBarrier();
+    stage(c22, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 32u, base); workgroupBarrier();
+    stage(c23, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 48u, base); workgroupBarrier();
+    stage(c30, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 0u, base); workgroupBarrier();
+    stage(c31, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 16u, base); workgroupBarrier();
+    stage(c32, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 32u, base); workgroupBarrier();
+    stage(c33, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 48u, base);
+#endif
+}
+#else
+// Emulated accumulators: invocation lane l = lid % 32 of group q = lid / 32 holds, of accumulator (i, j)
+// of quadrant q, row l / 2 and columns (l % 2) * 8 + 0..7, at acc[(i * 4 + j) * 8 + e].
+var<private> acc: array<f32, 128>;
+
+fn w_el(row: u32, k: u32) -> f32 {
+    return f32(ws[row * PK + k / 4u][k % 4u]);
+}
+
+fn x_el(k: u32, col: u32) -> f32 {
+    return f32(xs[k * PN + col / 4u][col % 4u]);
+}
+
+fn emulate_step(lane: u32, wm: u32, wn: u32) {
+    for (var kk = 0u; kk < BK; kk++) {
+        for (var i = 0u; i < 4u; i++) {
+            let a = w_el(wm * 64u + i * 16u + lane / 2u, kk);
+            for (var j = 0u; j < 4u; j++) {
+                for (var e = 0u; e < 8u; e++) {
+                    let b = x_el(kk, wn * 64u + j * 16u + (lane % 2u) * 8u + e);
+                    acc[(i * 4u + j) * 8u + e] = fma(a, b, acc[(i * 4u + j) * 8u + e]);
+                }
+            }
+        }
+    }
+}
+
+// Accumulator (i, j) -> staging slot `slot` of group q.
+fn stage_emulated(lane: u32, q: u32, i: u32, j: u32, slot: u32) {
+    let o = q * 16u * EW + (lane / 2u) * EW + slot * 16u + (lane % 2u) * 8u;
+    for (var e = 0u; e < 8u; e++) {
+        cs[o + e] = acc[(i * 4u + j) * 8u + e];
+    }
+}
+
+@compute @workgroup_size(WG)
+fn conv2d_coop(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if g >= p.groups {
+        return;
+    }
+    let split = g / p.tiles;
+    let t = g - split * p.tiles;
+    let m0 = (t % p.tiles_m) * BM;
+    let n0 = (t / p.tiles_m) * BN;
+    let k_begin = split * p.k_split;
+    let kend = min(k_begin + p.k_split, p.k);
+    k_end = kend;
+    locate(n0 + (lid % 32u) * 4u);
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let wm = sg / 2u;
+    let wn = sg % 2u;
+
+    let ksteps = (kend - k_begin + BK - 1u) / BK;
+    var rw = load_w(lid, m0, k_begin);
+    var rx = load_x(lid, k_begin);
+    for (var t = 0u; t < ksteps; t++) {
+        store_w(lid, rw);
+        store_x(lid, rx);
+        workgroupBarrier();
+        if t + 1u < ksteps {
+            let k1 = k_begin + (t + 1u) * BK;
+            rw = load_w(lid, m0, k1);
+            rx = load_x(lid, k1);
+        }
+        emulate_step(lane, wm, wn);
+        workgroupBarrier();
+    }
+
+    let base = p.offs[0].z + split * p.total;
+    for (var i = 0u; i < 4u; i++) {
+#if EPI4
+        for (var j = 0u; j < 4u; j++) {
+            stage_emulated(lane, sg, i, j, j);
+        }
+        workgroupBarrier();
+        flush(lid, m0, n0, i, 0u, base);
+        workgroupBarrier();
+#else
+        for (var j = 0u; j < 4u; j++) {
+            stage_emulated(lane, sg, i, j, 0u);
+            workgroupBarrier();
+            flush(lid, m0, n0, i, j * 16u, base);
+            workgroupBarrier();
+        }
+#endif
+    }
+}
+#endif
