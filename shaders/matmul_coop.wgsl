@@ -19,7 +19,9 @@
 // The host selects this kernel only with subgroups of 32 (128 invocations = 4 subgroups).
 //
 // SG8: 8 subgroups (256 invocations), each 32 x 64 of the same 128 x 128 block: half the accumulators
-// per invocation (register pressure), never with EPI4.
+// per invocation (register pressure), never with EPI4. BK64 (with SG8 only): K steps of 64, twice the
+// work per global-load round trip and per barrier pair. ST8 (set by the host: not SG8, or BK64): 8
+// staged vec4 per operand and invocation instead of 4.
 // Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
@@ -65,16 +67,21 @@ const SUBM = 64u;
 const NSG = WG / 32u;
 const BM = 128u;
 const BN = 128u;
+#if BK64
+const BK = 64u;
+#else
 const BK = 32u;
+#endif
 const GROUP_M = 8u;
 // Row pitches in vec4<f16> (8 bytes): 10 = 80 bytes for 32-deep rows, 34 = 272 bytes for 128-wide
 // rows. Both keep the 16-byte alignment cooperative loads need and spread 8 consecutive rows over all
 // 32 banks.
+// With BK64 rows are 64 deep: 16 vec4 + 2 of padding (144 bytes, again 8 rows over all banks).
 #if NOPAD
-const PK = 8u;
+const PK = BK / 4u;
 const PN = 32u;
 #else
-const PK = 10u;
+const PK = BK / 4u + 2u;
 const PN = 34u;
 #endif
 
@@ -166,137 +173,103 @@ fn fetch_b(base: u32, k: u32, col: u32) -> vec4<f16> {
 #endif
 #endif
 
-// Global -> registers for K step k0, 8 vec4 per operand and invocation (written out: wgpu's loops
-// are not unrolled, and a loop-indexed private array would live in local memory). A: 8 vec4 per
-// 32-deep row, invocation lid takes rows lid / 8 + 16 i. B: as A when transposed, else 32 vec4 per
-// 128-wide row, rows lid / 32 + 4 i.
-#if SG8
-// 256 invocations: 4 vec4 per operand and invocation; rows lid / 8 + 32 i (B [K, N]: lid / 32 + 8 i).
-struct Stage {
-    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
-}
-
-fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> Stage {
-    let r = m0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
-    return Stage(fetch_a(base, r, k), fetch_a(base, r + 32u, k), fetch_a(base, r + 64u, k), fetch_a(base, r + 96u, k));
-}
-
-fn store_a(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 32u * PK;
-    As[o] = s.v0;
-    As[o + d] = s.v1;
-    As[o + 2u * d] = s.v2;
-    As[o + 3u * d] = s.v3;
-}
-
-#if TRANS_B
-fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
-    let r = n0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
-    return Stage(fetch_b(base, r, k), fetch_b(base, r + 32u, k), fetch_b(base, r + 64u, k), fetch_b(base, r + 96u, k));
-}
-
-fn store_b(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 32u * PK;
-    Bs[o] = s.v0;
-    Bs[o + d] = s.v1;
-    Bs[o + 2u * d] = s.v2;
-    Bs[o + 3u * d] = s.v3;
-}
-#else
-fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
-    let k = k0 + lid / 32u;
-    let c = n0 + (lid % 32u) * 4u;
-    return Stage(fetch_b(base, k, c), fetch_b(base, k + 8u, c), fetch_b(base, k + 16u, c), fetch_b(base, k + 24u, c));
-}
-
-fn store_b(lid: u32, s: Stage) {
-    let o = (lid / 32u) * PN + lid % 32u;
-    let d = 8u * PN;
-    Bs[o] = s.v0;
-    Bs[o + d] = s.v1;
-    Bs[o + 2u * d] = s.v2;
-    Bs[o + 3u * d] = s.v3;
-}
-#endif
-#else
+// Global -> registers for one K step, NST vec4 per operand and invocation (written out: a
+// loop-indexed private array would live in local memory). A [rows, K] tile is VPR vec4 per row and
+// one pass of the workgroup stages RPP rows; a [K, 128] tile (B not transposed) is 32 vec4 per row and
+// a pass stages KPP rows.
+const VPR = BK / 4u;
+const RPP = WG / VPR;
+const KPP = WG / 32u;
+#if ST8
 struct Stage {
     v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
     v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
 }
+#else
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+}
+#endif
 
 fn load_a(lid: u32, m0: u32, k0: u32, base: u32) -> Stage {
-    let r = m0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
+    let r = m0 + lid / VPR;
+    let k = k0 + (lid % VPR) * 4u;
     return Stage(
-        fetch_a(base, r, k), fetch_a(base, r + 16u, k), fetch_a(base, r + 32u, k), fetch_a(base, r + 48u, k),
-        fetch_a(base, r + 64u, k), fetch_a(base, r + 80u, k), fetch_a(base, r + 96u, k), fetch_a(base, r + 112u, k),
+        fetch_a(base, r, k), fetch_a(base, r + RPP, k), fetch_a(base, r + 2u * RPP, k), fetch_a(base, r + 3u * RPP, k),
+#if ST8
+        fetch_a(base, r + 4u * RPP, k), fetch_a(base, r + 5u * RPP, k), fetch_a(base, r + 6u * RPP, k), fetch_a(base, r + 7u * RPP, k),
+#endif
     );
 }
 
-// A (and B when transposed) in rows of PK vec4: row lid / 8 + 16 i.
+// A (and B when transposed) in rows of PK vec4.
 fn store_a(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 16u * PK;
+    let o = (lid / VPR) * PK + lid % VPR;
+    let d = RPP * PK;
     As[o] = s.v0;
     As[o + d] = s.v1;
     As[o + 2u * d] = s.v2;
     As[o + 3u * d] = s.v3;
+#if ST8
     As[o + 4u * d] = s.v4;
     As[o + 5u * d] = s.v5;
     As[o + 6u * d] = s.v6;
     As[o + 7u * d] = s.v7;
+#endif
 }
 
 #if TRANS_B
 fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
-    let r = n0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
+    let r = n0 + lid / VPR;
+    let k = k0 + (lid % VPR) * 4u;
     return Stage(
-        fetch_b(base, r, k), fetch_b(base, r + 16u, k), fetch_b(base, r + 32u, k), fetch_b(base, r + 48u, k),
-        fetch_b(base, r + 64u, k), fetch_b(base, r + 80u, k), fetch_b(base, r + 96u, k), fetch_b(base, r + 112u, k),
+        fetch_b(base, r, k), fetch_b(base, r + RPP, k), fetch_b(base, r + 2u * RPP, k), fetch_b(base, r + 3u * RPP, k),
+#if ST8
+        fetch_b(base, r + 4u * RPP, k), fetch_b(base, r + 5u * RPP, k), fetch_b(base, r + 6u * RPP, k), fetch_b(base, r + 7u * RPP, k),
+#endif
     );
 }
 
 fn store_b(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 16u * PK;
+    let o = (lid / VPR) * PK + lid % VPR;
+    let d = RPP * PK;
     Bs[o] = s.v0;
     Bs[o + d] = s.v1;
     Bs[o + 2u * d] = s.v2;
     Bs[o + 3u * d] = s.v3;
+#if ST8
     Bs[o + 4u * d] = s.v4;
     Bs[o + 5u * d] = s.v5;
     Bs[o + 6u * d] = s.v6;
     Bs[o + 7u * d] = s.v7;
+#endif
 }
 #else
 fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
     let k = k0 + lid / 32u;
     let c = n0 + (lid % 32u) * 4u;
     return Stage(
-        fetch_b(base, k, c), fetch_b(base, k + 4u, c), fetch_b(base, k + 8u, c), fetch_b(base, k + 12u, c),
-        fetch_b(base, k + 16u, c), fetch_b(base, k + 20u, c), fetch_b(base, k + 24u, c), fetch_b(base, k + 28u, c),
+        fetch_b(base, k, c), fetch_b(base, k + KPP, c), fetch_b(base, k + 2u * KPP, c), fetch_b(base, k + 3u * KPP, c),
+#if ST8
+        fetch_b(base, k + 4u * KPP, c), fetch_b(base, k + 5u * KPP, c), fetch_b(base, k + 6u * KPP, c), fetch_b(base, k + 7u * KPP, c),
+#endif
     );
 }
 
 fn store_b(lid: u32, s: Stage) {
     let o = (lid / 32u) * PN + lid % 32u;
-    let d = 4u * PN;
+    let d = KPP * PN;
     Bs[o] = s.v0;
     Bs[o + d] = s.v1;
     Bs[o + 2u * d] = s.v2;
     Bs[o + 3u * d] = s.v3;
+#if ST8
     Bs[o + 4u * d] = s.v4;
     Bs[o + 5u * d] = s.v5;
     Bs[o + 6u * d] = s.v6;
     Bs[o + 7u * d] = s.v7;
-}
 #endif
-
+}
 #endif
 
 fn load_am(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {

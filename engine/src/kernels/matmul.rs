@@ -65,6 +65,8 @@ pub struct CoopTuning {
     /// Eight subgroups of 32 x 64 per 128 x 128 block instead of four of 64 x 64 (half the
     /// accumulator registers per invocation).
     pub sg8: bool,
+    /// K steps of 64 instead of 32 (with `sg8` only; ignored otherwise).
+    pub bk64: bool,
 }
 
 impl Default for CoopTuning {
@@ -75,6 +77,7 @@ impl Default for CoopTuning {
             pad: true,
             prefetch: true,
             sg8: false,
+            bk64: false,
         }
     }
 }
@@ -261,10 +264,10 @@ fn needs_f16(caps: &Caps, dtypes: &[DType]) -> Result<bool> {
     Ok(any)
 }
 
-/// Workgroup memory of the cooperative kernel: A and B tiles plus the f32 staging area (16 rows of
-/// 64 or 16 columns per subgroup).
-fn coop_smem(epi4: bool, subgroups: u32) -> u32 {
-    let tiles = (128 * 10 + 128 * 10) * 8; // transposed B; [K, N] B is 32 x 34 vec4, smaller
+/// Workgroup memory of the cooperative kernel: A and B tiles (rows of `bk / 4 + 2` vec4<f16>) plus
+/// the f32 staging area (16 rows of 64 or 16 columns per subgroup).
+fn coop_smem(epi4: bool, subgroups: u32, bk: u32) -> u32 {
+    let tiles = 2 * 128 * (bk / 4 + 2) * 8; // transposed B; [K, N] B (bk x 34 vec4) is smaller
     tiles + subgroups * 16 * if epi4 { 64 } else { 16 } * 4
 }
 
@@ -276,7 +279,7 @@ pub fn coop_available(caps: &Caps) -> bool {
         && caps.subgroup
         && caps.subgroup_min_size == 32
         && caps.subgroup_max_size == 32
-        && coop_smem(false, 8) <= caps.max_workgroup_storage
+        && coop_smem(false, 8, 32) <= caps.max_workgroup_storage
 }
 
 /// The variant that will run for these dtypes.
@@ -296,7 +299,7 @@ pub fn choose_variant(
         MatmulVariant::Coop => Err(DriftError::Unsupported(format!(
             "cooperative-matrix matmul needs f16 inputs (got {dtype:?}) and a device with 16x16 f16 \
              cooperative matrices, subgroups of 32 and {} bytes of workgroup memory",
-            coop_smem(false, 8)
+            coop_smem(false, 8, 32)
         ))),
     }
 }
@@ -359,7 +362,8 @@ fn build(
     let (spec, block) = if variant == MatmulVariant::Coop {
         let direct = vo && out.dtype == DType::F32 && opts.bias.is_none();
         let t = opts.coop;
-        let epi4 = !t.sg8 && coop_smem(true, 4) <= caps.max_workgroup_storage;
+        let epi4 = !t.sg8 && coop_smem(true, 4, 32) <= caps.max_workgroup_storage;
+        let bk64 = t.sg8 && t.bk64 && coop_smem(false, 8, 64) <= caps.max_workgroup_storage;
         let name = format!(
             "matmul_coop_f16{}_{}{bias_name}",
             if opts.transpose_b { "_nt" } else { "" },
@@ -376,7 +380,9 @@ fn build(
         .define("EPI4", u8::from(epi4))
         .define("NOPAD", u8::from(!t.pad))
         .define("NOPREFETCH", u8::from(!t.prefetch))
-        .define("SG8", u8::from(t.sg8));
+        .define("SG8", u8::from(t.sg8))
+        .define("BK64", u8::from(bk64))
+        .define("ST8", u8::from(!t.sg8 || bk64));
         spec.loop_bounding = t.loop_bounding;
         if t.trusted {
             spec = spec.trusted();

@@ -174,6 +174,12 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     ..base
                 },
                 CoopTuning {
+                    sg8: true,
+                    bk64: true,
+                    loop_bounding: false,
+                    ..base
+                },
+                CoopTuning {
                     trusted: true,
                     loop_bounding: false,
                     ..base

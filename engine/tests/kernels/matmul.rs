@@ -17,14 +17,21 @@ fn matmul_coop_compiles_to_spirv() {
         for tb in ["f32", "f16"] {
             for d in combos(
                 &[("TO", to), ("TB", tb)],
-                &["TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4", "SG8"],
+                &[
+                    "TRANS_B", "BIAS", "VA", "VB", "VO", "DIRECT", "EPI4", "SG8", "BK64",
+                ],
             ) {
-                // The builder sets DIRECT only for f32 outputs bound as scalars, and EPI4 never with
-                // eight subgroups.
+                // The builder sets DIRECT only for f32 outputs bound as scalars, EPI4 never with
+                // eight subgroups, BK64 only with them, and ST8 from those two.
                 let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
-                if on("DIRECT") && (to != "f32" || on("VO")) || on("EPI4") && on("SG8") {
+                if on("DIRECT") && (to != "f32" || on("VO"))
+                    || on("EPI4") && on("SG8")
+                    || on("BK64") && !on("SG8")
+                {
                     continue;
                 }
+                let mut d = d.clone();
+                d.push(("ST8", u8::from(!on("SG8") || on("BK64")).to_string()));
                 let words = to_spirv("matmul_coop", source, &d);
                 // OpCapability CooperativeMatrixKHR (6022) must be declared.
                 assert!(
@@ -35,10 +42,16 @@ fn matmul_coop_compiles_to_spirv() {
             }
         }
     }
-    assert_eq!(n, 3 * (64 + 32 + 64));
+    assert_eq!(n, 4 * (64 + 32 + 64));
     // The bench-only A/B switches, on one configuration each way.
     for (nopad, nopre) in [("1", "0"), ("0", "1"), ("1", "1")] {
-        for (trans, sg8) in [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")] {
+        for (trans, sg8, bk64) in [
+            ("0", "0", "0"),
+            ("1", "0", "0"),
+            ("0", "1", "0"),
+            ("1", "1", "1"),
+            ("0", "1", "1"),
+        ] {
             let d: Vec<(&'static str, String)> = [
                 ("TO", "f16"),
                 ("TB", "f16"),
@@ -50,6 +63,8 @@ fn matmul_coop_compiles_to_spirv() {
                 ("DIRECT", "0"),
                 ("EPI4", if sg8 == "1" { "0" } else { "1" }),
                 ("SG8", sg8),
+                ("BK64", bk64),
+                ("ST8", if sg8 == "0" || bk64 == "1" { "1" } else { "0" }),
                 ("NOPAD", nopad),
                 ("NOPREFETCH", nopre),
             ]

@@ -243,6 +243,33 @@ pub fn run_all(
                     ..base
                 },
             ),
+            (
+                "sg8-bk64",
+                CoopTuning {
+                    sg8: true,
+                    bk64: true,
+                    ..base
+                },
+            ),
+            (
+                "sg8-bk64-no-loop-bounding",
+                CoopTuning {
+                    sg8: true,
+                    bk64: true,
+                    loop_bounding: false,
+                    ..base
+                },
+            ),
+            (
+                "sg8-bk64-no-prefetch",
+                CoopTuning {
+                    sg8: true,
+                    bk64: true,
+                    prefetch: false,
+                    loop_bounding: false,
+                    ..base
+                },
+            ),
         ];
         for (m, n, k, trans) in [
             (4096usize, 4096usize, 4096usize, true),
