@@ -6,13 +6,16 @@
 // K = C*KH*KW with k = (c*KH + kh)*KW + kw. Numbering the pixels of all images together keeps the small
 // feature maps (8x8, 16x16) from leaving most of a 128-pixel tile empty.
 //
-// A workgroup of 4 subgroups computes 128 channels x 128 pixels; subgroup q owns the 64 x 64 quadrant
-// (q / 2, q % 2) as 4 x 4 accumulators of 16 x 16. Per K step of 32 the weight tile (128 x 32, rows of K)
-// and the gathered input tile (32 x 128, rows of pixels) are staged in workgroup memory as vec4<f16>, rows
-// padded so that 16-row matrix loads spread over the banks; the next step's values are fetched into
-// registers while this one is multiplied. Values outside the image (padding), past O, past the last pixel
-// or past the K range are zeros. The results leave through an f32 staging area so every store is guarded
-// and gets its bias, residual and conversion per element.
+// A workgroup computes 128 channels x 128 pixels. With 4 subgroups (128 invocations) subgroup q owns the
+// 64 x 64 quadrant (q / 2, q % 2) as 4 x 4 accumulators of 16 x 16; with SG8, 8 subgroups (256
+// invocations) each own 32 channels x 64 pixels (rows (q / 2) * 32, columns (q % 2) * 64) as 2 x 4
+// accumulators: half the accumulator registers per invocation, and the staging loads spread over
+// twice the invocations (4 vec4 of each operand instead of 8). Per K step of 32 the weight tile
+// (128 x 32, rows of K) and the gathered input tile (32 x 128, rows of pixels) are staged in workgroup
+// memory as vec4<f16>, rows padded so that 16-row matrix loads spread over the banks; the next step's
+// values are fetched into registers while this one is multiplied. Values outside the image (padding),
+// past O, past the last pixel or past the K range are zeros. The results leave through an f32 staging
+// area so every store is guarded and gets its bias, residual and conversion per element.
 // With split-K (SPLIT) each workgroup reduces one K range into an f32 scratch [splits, N, O, Ho, Wo]; the
 // `conv2d_reduce` entry point of conv.wgsl then adds the ranges, the bias and the residual.
 //
@@ -22,11 +25,12 @@
 // - offsets are computed in `let`s before each coopLoad/coopStore (naga's SPIR-V writer panics on
 //   inline index expressions there);
 // - nothing private is indexed by a loop counter (it would live in local memory): the staging
-//   registers are a struct of named fields and the 16 accumulators named variables;
-// - 128 invocations are exactly 4 subgroups: the host selects this kernel only with subgroups of 32.
+//   registers are a struct of named fields and the 16 (SG8: 8) accumulators named variables;
+// - 128 (SG8: 256) invocations are exactly 4 (8) subgroups: the host selects this kernel only with
+//   subgroups of 32.
 // EMULATE replaces the cooperative matrices by plain f32 FMAs over the same staged tiles (each invocation
-// owns 8 of each 16 x 16 accumulator's values), so the gather, the tiling and the epilogue run and are
-// checked on devices without tensor cores; it needs no subgroups.
+// owns 8 of each 16 x 16 accumulator's values), so the gather, the tiling and the epilogue of either
+// layout run and are checked on devices without tensor cores; it needs no subgroups.
 //
 // Specialisation:
 //   TX, TW, TB  element types of x/out/residual, w, bias (f32|f16); operands are rounded to f16 on load
@@ -35,7 +39,9 @@
 //   XVEC        x read as vec4 (1x1, stride 1, no padding, H*W % 4 == 0, offset aligned)
 //   VA          w read as vec4 (K % 4 == 0, offset aligned)
 //   VO          out, residual and scratch accessed as vec4 (Ho*Wo % 4 == 0, offsets aligned)
-//   EPI4        stage 4 accumulators per subgroup at a time (16 KiB) instead of 1 (4 KiB)
+//   SG8         8 subgroups of 32 x 64 instead of 4 of 64 x 64 (see above)
+//   EPI4        stage 4 accumulators per subgroup at a time (16 KiB) instead of 1 (4 KiB; SG8: 8 KiB);
+//               never with SG8 (32 KiB: over 48 KiB of workgroup memory with the 18.5 KiB of tiles)
 //   SPLIT       write f32 partial sums of this workgroup's K range into the scratch
 //   BIAS, RES   fused bias / residual at bindings B_BIAS / B_RES, base offsets OFF_BIAS / OFF_RES
 //   EMULATE     see above
@@ -86,7 +92,15 @@ alias TO = {{TX}};
 #endif
 #endif
 
+#if SG8
+const WG = 256u;
+const SUBM = 32u; // output channels per subgroup
+#else
 const WG = 128u;
+const SUBM = 64u;
+#endif
+const NSG = WG / 32u; // subgroups
+const MI = SUBM / 16u; // accumulator rows per subgroup
 const BM = 128u; // output channels per workgroup
 const BN = 128u; // output pixels per workgroup
 const BK = 32u;
@@ -105,7 +119,7 @@ const EW = 64u; // staged columns per subgroup and round
 #else
 const EW = 16u;
 #endif
-var<workgroup> cs: array<f32, 4u * 16u * EW>;
+var<workgroup> cs: array<f32, NSG * 16u * EW>;
 
 // End of this workgroup's K range.
 var<private> k_end: u32;
@@ -182,14 +196,51 @@ fn gather(k: u32) -> vec4<f16> {
 }
 #endif
 
-// Global -> registers for one K step: 8 vec4 per operand and invocation, written out (a loop-indexed
-// private array would live in local memory).
+// Global -> registers for one K step, written out (a loop-indexed private array would live in local
+// memory). The weight tile has 8 vec4 per 32-deep row: invocation lid takes column lid % 8 of channel
+// rows lid / 8 + (WG / 8) i. The input tile has 32 vec4 per 128-pixel row: invocation lid takes pixel
+// group lid % 32 (the pixels `locate` prepared) of K rows lid / 32 + (WG / 32) i.
+#if SG8
+// 256 invocations: 4 vec4 per operand.
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+}
+
+fn load_w(lid: u32, m0: u32, k0: u32) -> Stage {
+    let r = m0 + lid / 8u;
+    let k = k0 + (lid % 8u) * 4u;
+    return Stage(fetch_w(r, k), fetch_w(r + 32u, k), fetch_w(r + 64u, k), fetch_w(r + 96u, k));
+}
+
+fn store_w(lid: u32, s: Stage) {
+    let o = (lid / 8u) * PK + lid % 8u;
+    let d = 32u * PK;
+    ws[o] = s.v0;
+    ws[o + d] = s.v1;
+    ws[o + 2u * d] = s.v2;
+    ws[o + 3u * d] = s.v3;
+}
+
+fn load_x(lid: u32, k0: u32) -> Stage {
+    let k = k0 + lid / 32u;
+    return Stage(gather(k), gather(k + 8u), gather(k + 16u), gather(k + 24u));
+}
+
+fn store_x(lid: u32, s: Stage) {
+    let o = (lid / 32u) * PN + lid % 32u;
+    let d = 8u * PN;
+    xs[o] = s.v0;
+    xs[o + d] = s.v1;
+    xs[o + 2u * d] = s.v2;
+    xs[o + 3u * d] = s.v3;
+}
+#else
+// 128 invocations: 8 vec4 per operand.
 struct Stage {
     v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
     v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
 }
 
-// Weights: 8 vec4 per 32-deep row; invocation lid takes channel rows lid / 8 + 16 i.
 fn load_w(lid: u32, m0: u32, k0: u32) -> Stage {
     let r = m0 + lid / 8u;
     let k = k0 + (lid % 8u) * 4u;
@@ -212,7 +263,6 @@ fn store_w(lid: u32, s: Stage) {
     ws[o + 7u * d] = s.v7;
 }
 
-// Input: 32 vec4 per 128-pixel row; invocation lid takes pixel group lid % 32 of K rows lid / 32 + 4 i.
 fn load_x(lid: u32, k0: u32) -> Stage {
     let k = k0 + lid / 32u;
     return Stage(
@@ -233,6 +283,7 @@ fn store_x(lid: u32, s: Stage) {
     xs[o + 6u * d] = s.v6;
     xs[o + 7u * d] = s.v7;
 }
+#endif
 
 // Per-pixel constants of the 4 pixels starting at `q0` (their images may differ).
 fn locate(q0: u32) {
@@ -301,17 +352,17 @@ fn emit(o: u32, q: u32, acc: vec4<f32>, base: u32) {
 #endif
 }
 
-// Writes the staged 16 x EW blocks of all four subgroups: block q covers channels
-// m0 + (q / 2) * 64 + i * 16 + 0..15 and pixels n0 + (q % 2) * 64 + c0 + 0..EW-1.
+// Writes the staged 16 x EW blocks of all subgroups: block q covers channels
+// m0 + (q / 2) * SUBM + i * 16 + 0..15 and pixels n0 + (q % 2) * 64 + c0 + 0..EW-1.
 fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, base: u32) {
-    let quads = 4u * 16u * EW / 4u;
+    let quads = NSG * 16u * EW / 4u;
     for (var e = lid; e < quads; e += WG) {
         let q = e / (16u * EW / 4u);
         let rem = e % (16u * EW / 4u);
         let r = rem / (EW / 4u);
         let c = (rem % (EW / 4u)) * 4u;
         let s = q * 16u * EW + r * EW + c;
-        let row = m0 + (q / 2u) * 64u + i * 16u + r;
+        let row = m0 + (q / 2u) * SUBM + i * 16u + r;
         let col = n0 + (q % 2u) * 64u + c0 + c;
         if row < p.o && col < p.pixels {
             emit(row, col, vec4<f32>(cs[s], cs[s + 1u], cs[s + 2u], cs[s + 3u]), base);
@@ -321,7 +372,7 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, base: u32) {
 
 #ifnot EMULATE
 fn load_wm(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {
-    let o = (wm * 64u + i * 16u) * PK + ks * 4u;
+    let o = (wm * SUBM + i * 16u) * PK + ks * 4u;
     return coopLoadT<coop_mat16x16<f16, A>>(&ws[o], PK);
 }
 
@@ -367,6 +418,7 @@ fn conv2d_coop(
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
+#ifnot SG8
     var c20 = coop_mat16x16<f32, C>();
     var c21 = coop_mat16x16<f32, C>();
     var c22 = coop_mat16x16<f32, C>();
@@ -375,6 +427,7 @@ fn conv2d_coop(
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
+#endif
 
     let ksteps = (kend - k_begin + BK - 1u) / BK;
     var rw = load_w(lid, m0, k_begin);
@@ -392,8 +445,10 @@ fn conv2d_coop(
         for (var ks = 0u; ks < BK / 16u; ks++) {
             let a0 = load_wm(0u, wm, ks);
             let a1 = load_wm(1u, wm, ks);
+#ifnot SG8
             let a2 = load_wm(2u, wm, ks);
             let a3 = load_wm(3u, wm, ks);
+#endif
             let b0 = load_xm(0u, wn, ks);
             let b1 = load_xm(1u, wn, ks);
             let b2 = load_xm(2u, wn, ks);
@@ -406,6 +461,7 @@ fn conv2d_coop(
             c11 = coopMultiplyAdd(a1, b1, c11);
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
+#ifnot SG8
             c20 = coopMultiplyAdd(a2, b0, c20);
             c21 = coopMultiplyAdd(a2, b1, c21);
             c22 = coopMultiplyAdd(a2, b2, c22);
@@ -414,6 +470,7 @@ fn conv2d_coop(
             c31 = coopMultiplyAdd(a3, b1, c31);
             c32 = coopMultiplyAdd(a3, b2, c32);
             c33 = coopMultiplyAdd(a3, b3, c33);
+#endif
         }
         workgroupBarrier();
     }
@@ -433,6 +490,7 @@ fn conv2d_coop(
     stage(c13, sg, 3u);
     workgroupBarrier();
     flush(lid, m0, n0, 1u, 0u, base);
+#ifnot SG8
     workgroupBarrier();
     stage(c20, sg, 0u);
     stage(c21, sg, 1u);
@@ -447,6 +505,7 @@ fn conv2d_coop(
     stage(c33, sg, 3u);
     workgroupBarrier();
     flush(lid, m0, n0, 3u, 0u, base);
+#endif
 #else
     stage(c00, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 0u, base); workgroupBarrier();
     stage(c01, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 0u, 16u, base); workgroupBarrier();
@@ -455,7 +514,9 @@ fn conv2d_coop(
     stage(c10, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 0u, base); workgroupBarrier();
     stage(c11, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 16u, base); workgroupBarrier();
     stage(c12, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 32u, base); workgroupBarrier();
-    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, base); workgroupBarrier();
+    stage(c13, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 1u, 48u, base);
+#ifnot SG8
+    workgroupBarrier();
     stage(c20, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 0u, base); workgroupBarrier();
     stage(c21, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 16u, base); workgroupBarrier();
     stage(c22, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 2u, 32u, base); workgroupBarrier();
@@ -465,11 +526,13 @@ fn conv2d_coop(
     stage(c32, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 32u, base); workgroupBarrier();
     stage(c33, sg, 0u); workgroupBarrier(); flush(lid, m0, n0, 3u, 48u, base);
 #endif
+#endif
 }
 #else
 // Emulated accumulators: invocation lane l = lid % 32 of group q = lid / 32 holds, of accumulator (i, j)
-// of quadrant q, row l / 2 and columns (l % 2) * 8 + 0..7, at acc[(i * 4 + j) * 8 + e].
-var<private> acc: array<f32, 128>;
+// (i < MI, j < 4) of group q's part of the block, row l / 2 and columns (l % 2) * 8 + 0..7, at
+// acc[(i * 4 + j) * 8 + e].
+var<private> acc: array<f32, MI * 4u * 8u>;
 
 fn w_el(row: u32, k: u32) -> f32 {
     return f32(ws[row * PK + k / 4u][k % 4u]);
@@ -481,8 +544,8 @@ fn x_el(k: u32, col: u32) -> f32 {
 
 fn emulate_step(lane: u32, wm: u32, wn: u32) {
     for (var kk = 0u; kk < BK; kk++) {
-        for (var i = 0u; i < 4u; i++) {
-            let a = w_el(wm * 64u + i * 16u + lane / 2u, kk);
+        for (var i = 0u; i < MI; i++) {
+            let a = w_el(wm * SUBM + i * 16u + lane / 2u, kk);
             for (var j = 0u; j < 4u; j++) {
                 for (var e = 0u; e < 8u; e++) {
                     let b = x_el(kk, wn * 64u + j * 16u + (lane % 2u) * 8u + e);
@@ -541,7 +604,7 @@ fn conv2d_coop(
     }
 
     let base = p.offs[0].z + split * p.total;
-    for (var i = 0u; i < 4u; i++) {
+    for (var i = 0u; i < MI; i++) {
 #if EPI4
         for (var j = 0u; j < 4u; j++) {
             stage_emulated(lane, sg, i, j, j);

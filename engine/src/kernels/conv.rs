@@ -39,13 +39,18 @@ pub enum Conv2dVariant {
     P128C4,
     /// 128 pixels x 64 channels, 8 x 8 per thread.
     P128C8,
-    /// Tensor cores: 128 channels x 128 pixels per workgroup, f16 operands (f32 ones are rounded to f16
-    /// on load), f32 accumulation. Needs 16x16 f16 cooperative matrices, subgroups of 32 and row-major
-    /// weights; an error elsewhere.
+    /// Tensor cores: 128 channels x 128 pixels per workgroup of 8 subgroups (32 channels x 64 pixels
+    /// each), f16 operands (f32 ones are rounded to f16 on load), f32 accumulation. Needs 16x16 f16
+    /// cooperative matrices, subgroups of 32 and row-major weights; an error elsewhere.
     Coop,
+    /// `Coop` with the block split over 4 subgroups of 64 x 64 (twice the accumulators per
+    /// invocation): the first layout, kept to compare against.
+    CoopSg4,
     /// The `Coop` kernel with its 16x16 products done by plain f32 FMAs: runs on any f16 device (slowly)
     /// so that its gather, tiling and epilogue are tested where tensor cores are absent.
     CoopEmulated,
+    /// `CoopSg4`'s layout, emulated like `CoopEmulated`.
+    CoopEmulatedSg4,
 }
 
 impl Conv2dVariant {
@@ -59,7 +64,24 @@ impl Conv2dVariant {
 
     /// Whether this is the cooperative kernel (or its emulation).
     pub fn is_coop(self) -> bool {
-        matches!(self, Conv2dVariant::Coop | Conv2dVariant::CoopEmulated)
+        self.coop_subgroups().is_some()
+    }
+
+    /// Subgroups of 32 per workgroup of the cooperative layouts (8 or 4), `None` for the portable kernels.
+    pub fn coop_subgroups(self) -> Option<u32> {
+        match self {
+            Conv2dVariant::Coop | Conv2dVariant::CoopEmulated => Some(8),
+            Conv2dVariant::CoopSg4 | Conv2dVariant::CoopEmulatedSg4 => Some(4),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an FMA emulation of the cooperative kernel.
+    pub fn is_emulated(self) -> bool {
+        matches!(
+            self,
+            Conv2dVariant::CoopEmulated | Conv2dVariant::CoopEmulatedSg4
+        )
     }
 
     /// Pixels per workgroup tile and channels per thread of the portable variants.
@@ -68,7 +90,9 @@ impl Conv2dVariant {
             Conv2dVariant::P64C4
             | Conv2dVariant::Auto
             | Conv2dVariant::Coop
-            | Conv2dVariant::CoopEmulated => (64, 4),
+            | Conv2dVariant::CoopSg4
+            | Conv2dVariant::CoopEmulated
+            | Conv2dVariant::CoopEmulatedSg4 => (64, 4),
             Conv2dVariant::P64C8 => (64, 8),
             Conv2dVariant::P128C4 => (128, 4),
             Conv2dVariant::P128C8 => (128, 8),
@@ -746,6 +770,11 @@ mod tests {
             (CoopEmulated, 2)
         );
         assert_eq!(conv2d_plan(64, 70, 360, Coop, Some(3)), (Coop, 3));
+        // Both layouts split alike (the same 128 x 128 tile).
+        assert_eq!(
+            conv2d_plan(2 * 16 * 16, 1280, 11520, CoopSg4, None),
+            (CoopSg4, 4)
+        );
     }
 
     #[test]

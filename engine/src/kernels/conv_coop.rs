@@ -2,8 +2,12 @@
 //! [`Conv2dVariant::Coop`]: one GEMM of the row-major OIHW weights `[O, C*KH*KW]` by the implicit im2col
 //! matrix of all images' output pixels, f16 operands, f32 accumulation. See `shaders/conv_coop.wgsl`.
 //!
-//! [`Conv2dVariant::CoopEmulated`] is the same kernel with the 16x16 products done by plain FMAs: it
-//! runs wherever f16 does and checks the gather, tiling and epilogue on devices without tensor cores.
+//! Two layouts of the 128 x 128 block: 8 subgroups of 32 x 64 ([`Conv2dVariant::Coop`], the default:
+//! half the accumulator registers per invocation; the matmul with that layout measured 1.35-1.45x faster
+//! on the H200) and 4 subgroups of 64 x 64 ([`Conv2dVariant::CoopSg4`], kept to compare).
+//! [`Conv2dVariant::CoopEmulated`] and [`Conv2dVariant::CoopEmulatedSg4`] are the same kernels with the
+//! 16x16 products done by plain FMAs: they run wherever f16 does and check the gather, tiling and
+//! epilogue on devices without tensor cores.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -24,11 +28,18 @@ pub const COOP_K_STEP: usize = 32;
 /// the forced-split cases to tune it.
 pub const COOP_TARGET_WORKGROUPS: usize = 132;
 
-/// Workgroup memory of the kernel: the weight tile (128 rows of 10 vec4<f16>), the input tile (32 rows
-/// of 34) and the f32 staging area (4 subgroups x 16 rows x 64 or 16 columns).
-pub fn coop_conv_smem(epi4: bool) -> u32 {
+/// Workgroup memory of the kernel with `subgroups` subgroups (8 or 4): the weight tile (128 rows of 10
+/// vec4<f16>), the input tile (32 rows of 34) and the f32 staging area (16 rows x 64 or 16 columns per
+/// subgroup).
+pub fn coop_conv_smem(epi4: bool, subgroups: u32) -> u32 {
     let tiles = (128 * 10 + 32 * 34) * 8;
-    tiles + 4 * 16 * if epi4 { 64 } else { 16 } * 4
+    tiles + subgroups * 16 * if epi4 { 64 } else { 16 } * 4
+}
+
+/// Whether the 4-accumulator staging (EPI4) fits `max_workgroup_storage` bytes: only ever with 4
+/// subgroups (with 8 it needs 51712 bytes, over the H200's 48 KiB).
+fn coop_conv_epi4(max_workgroup_storage: u32, subgroups: u32) -> bool {
+    subgroups == 4 && coop_conv_smem(true, subgroups) <= max_workgroup_storage
 }
 
 /// Whether a convolution with `o` output channels and reduction length `k` (= C*KH*KW) has enough work
@@ -52,39 +63,43 @@ pub fn resolve_variant(
     k: usize,
     requested: Conv2dVariant,
 ) -> Result<Conv2dVariant> {
-    match requested {
-        Conv2dVariant::Auto
-            if coop_available(caps)
-                && x_dtype == DType::F16
-                && w_dtype == DType::F16
-                && w_layout == Layout::RowMajor
-                && coop_worthwhile(o, k) =>
-        {
-            Ok(Conv2dVariant::Coop)
-        }
-        Conv2dVariant::Coop | Conv2dVariant::CoopEmulated => {
-            if requested == Conv2dVariant::Coop && !coop_available(caps) {
-                return Err(DriftError::Unsupported(format!(
-                    "cooperative-matrix conv2d needs a device with 16x16 f16 cooperative matrices, \
-                     subgroups of 32 and {} bytes of workgroup memory",
-                    coop_conv_smem(false)
-                )));
-            }
-            if !caps.f16 {
-                return Err(DriftError::Unsupported(
-                    "cooperative-matrix conv2d needs shader-f16".into(),
-                ));
-            }
-            if w_layout != Layout::RowMajor {
-                return Err(DriftError::Unsupported(format!(
-                    "cooperative-matrix conv2d needs row-major OIHW weights, got {w_layout:?} \
-                     (upload them with conv2d_weight)"
-                )));
-            }
-            Ok(requested)
-        }
-        other => Ok(other),
+    let Some(subgroups) = requested.coop_subgroups() else {
+        let coop = requested == Conv2dVariant::Auto
+            && coop_available(caps)
+            && x_dtype == DType::F16
+            && w_dtype == DType::F16
+            && w_layout == Layout::RowMajor
+            && coop_worthwhile(o, k);
+        return Ok(if coop { Conv2dVariant::Coop } else { requested });
+    };
+    let smem = coop_conv_smem(false, subgroups);
+    if !requested.is_emulated() && !coop_available(caps) {
+        return Err(DriftError::Unsupported(format!(
+            "cooperative-matrix conv2d needs a device with 16x16 f16 cooperative matrices, \
+             subgroups of 32 and {smem} bytes of workgroup memory"
+        )));
     }
+    if smem > caps.max_workgroup_storage || 32 * subgroups > caps.max_invocations_per_workgroup {
+        return Err(DriftError::Unsupported(format!(
+            "{requested:?} conv2d needs {smem} bytes of workgroup memory and {} invocations per \
+             workgroup (the device has {} and {})",
+            32 * subgroups,
+            caps.max_workgroup_storage,
+            caps.max_invocations_per_workgroup
+        )));
+    }
+    if !caps.f16 {
+        return Err(DriftError::Unsupported(
+            "cooperative-matrix conv2d needs shader-f16".into(),
+        ));
+    }
+    if w_layout != Layout::RowMajor {
+        return Err(DriftError::Unsupported(format!(
+            "cooperative-matrix conv2d needs row-major OIHW weights, got {w_layout:?} \
+             (upload them with conv2d_weight)"
+        )));
+    }
+    Ok(requested)
 }
 
 /// Geometry of a checked convolution (see [`crate::kernels::conv::conv2d`]).
@@ -134,8 +149,8 @@ pub enum CoopTarget<'a> {
     },
 }
 
-/// The cooperative convolution's dispatch. Shapes, dtypes and layouts were checked by `conv2d`;
-/// `variant` is [`Conv2dVariant::Coop`] or [`Conv2dVariant::CoopEmulated`].
+/// The cooperative convolution's dispatch. Shapes, dtypes and layouts were checked by `conv2d`, and
+/// `variant` (one of the cooperative ones) by [`resolve_variant`].
 pub fn dispatch(
     gpu: &Gpu,
     g: &ConvGeometry,
@@ -186,8 +201,12 @@ pub fn dispatch(
         && vec4_aligned(x);
     let va = k.is_multiple_of(4) && vec4_aligned(w);
     let vo = hw.is_multiple_of(4) && vec4_aligned(out) && residual.is_none_or(vec4_aligned);
-    let emulate = variant == Conv2dVariant::CoopEmulated;
-    let epi4 = coop_conv_smem(true) <= caps.max_workgroup_storage;
+    let emulate = variant.is_emulated();
+    let subgroups = variant.coop_subgroups().ok_or_else(|| {
+        DriftError::Unsupported(format!("{variant:?} is not a cooperative conv2d variant"))
+    })?;
+    let sg8 = subgroups == 8;
+    let epi4 = coop_conv_epi4(caps.max_workgroup_storage, subgroups);
 
     let mut tensors = vec![x, w, out];
     let mut fused = String::new();
@@ -210,18 +229,17 @@ pub fn dispatch(
         }
     };
     let name = format!(
-        "conv{}x{}s{}_coop{}_{}_w{}{}",
+        "conv{}x{}s{}_coop{}{}_{}_w{}{}",
         g.kh,
         g.kw,
         g.stride,
+        if sg8 { "" } else { "_sg4" },
         if emulate { "_emulated" } else { "" },
         x.dtype.wgsl(),
         w.dtype.wgsl(),
         if split { "_splitk" } else { fused.as_str() }
     );
-    // Loop bounding kept, as for matmul_coop (same loop structure; measured faster there).
-    let spec = KernelSpec::new(name, shader!("conv_coop.wgsl"), "conv2d_coop")
-        .loop_bounded()
+    let mut spec = KernelSpec::new(name, shader!("conv_coop.wgsl"), "conv2d_coop")
         .define("TX", x.dtype.wgsl())
         .define("TW", w.dtype.wgsl())
         .define("TB", bias.map_or("f32", |b| b.dtype.wgsl()))
@@ -233,6 +251,7 @@ pub fn dispatch(
         .define("XVEC", u8::from(xvec))
         .define("VA", u8::from(va))
         .define("VO", u8::from(vo))
+        .define("SG8", u8::from(sg8))
         .define("EPI4", u8::from(epi4))
         .define("SPLIT", u8::from(split))
         .define("BIAS", u8::from(bias.is_some()))
@@ -242,6 +261,9 @@ pub fn dispatch(
         .define("OFF_BIAS", offset(b_bias))
         .define("OFF_RES", offset(b_res))
         .define("EMULATE", u8::from(emulate));
+    // Loop bounding as measured for matmul_coop's layouts on the H200: kept for 4 subgroups, faster
+    // without for 8.
+    spec.loop_bounding = !sg8;
     let kernel = gpu.kernel(&spec)?;
     let params = [
         g.c,
@@ -288,11 +310,19 @@ mod tests {
 
     #[test]
     fn smem_fits_the_matmul_budget() {
-        // coop_available checks the matmul kernel's small-staging footprint (24 KiB); this kernel's must
-        // not be larger, or a device could pass that check and still fail to create the pipeline.
-        assert_eq!(coop_conv_smem(false), 23040);
-        assert_eq!(coop_conv_smem(true), 35328);
-        assert!(coop_conv_smem(false) <= 24 * 1024);
+        // coop_available checks the eight-subgroup matmul's small-staging footprint (28 KiB); this
+        // kernel's must not be larger in either layout, or a device could pass that check and still fail
+        // to create the pipeline.
+        assert_eq!(coop_conv_smem(false, 8), 27136);
+        assert_eq!(coop_conv_smem(false, 4), 23040);
+        assert_eq!(coop_conv_smem(true, 4), 35328);
+        assert!(coop_conv_smem(false, 8) <= 28 * 1024);
+        // The H200 has 48 KiB: EPI4 fits with 4 subgroups, not with 8; lavapipe's 32 KiB fits neither
+        // EPI4 but both small-staging layouts.
+        assert!(coop_conv_epi4(48 * 1024, 4));
+        assert!(!coop_conv_epi4(48 * 1024, 8));
+        assert_eq!(coop_conv_smem(true, 8), 51712);
+        assert!(!coop_conv_epi4(32 * 1024, 4));
     }
 
     #[test]

@@ -69,15 +69,18 @@ pub struct CoopTuning {
     pub bk64: bool,
 }
 
+/// The default is the fastest build measured on the H200 (`drift bench kernels --filter coopsweep`,
+/// BENCHMARKS.md 2026-11-30): eight subgroups, K steps of 64, no register prefetch (registers are what
+/// limit this kernel: each of those three cuts them and each made it faster), no loop bounding.
 impl Default for CoopTuning {
     fn default() -> Self {
         CoopTuning {
             trusted: false,
-            loop_bounding: true,
+            loop_bounding: false,
             pad: true,
-            prefetch: true,
-            sg8: false,
-            bk64: false,
+            prefetch: false,
+            sg8: true,
+            bk64: true,
         }
     }
 }
@@ -346,7 +349,8 @@ fn build(
         None => String::new(),
     };
     let tb = bias_dtype.unwrap_or(out.dtype).wgsl();
-    // Both matmuls ran 1.1-1.2x faster on the H200 with naga's loop bounding kept (see KernelSpec).
+    // The tiled matmul ran 1.1-1.2x faster on the H200 with naga's loop bounding kept (see KernelSpec);
+    // the cooperative one sets it from `CoopTuning`.
     let common = |spec: KernelSpec| {
         spec.loop_bounded()
             .define("TO", out.dtype.wgsl())

@@ -1,8 +1,8 @@
 //! Checks for the conv kernels: the geometries SD uses (3x3 stride 1 and 2, 1x1, padding 0/1, the VAE's
 //! asymmetric padding) on odd sizes, both tile variants, both weight layouts, f32/f16 io, fused bias and
 //! residual, and views at unaligned offsets (which switch the vec4 paths off). The cooperative-matrix
-//! kernel runs its own cases (tiles of 128 channels x 128 pixels) on devices that have it, and its
-//! FMA emulation runs them on every f16 device.
+//! kernel runs its own cases (tiles of 128 channels x 128 pixels) in both layouts (8 and 4 subgroups)
+//! on devices that have it, and its FMA emulation runs them in both layouts on every f16 device.
 
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
@@ -199,8 +199,9 @@ pub fn cases(gpu: &Gpu) -> Vec<ConvCase> {
     all
 }
 
-/// The cooperative kernel's cases: its emulation everywhere (f16 devices), the real one where the device
-/// has cooperative matrices. Row-major weights; operands are f16-exact (the kernel rounds them to f16).
+/// The cooperative kernel's cases, each in both layouts (8 subgroups of 32 x 64, 4 of 64 x 64): its
+/// emulation everywhere (f16 devices), the real one where the device has cooperative matrices.
+/// Row-major weights; operands are f16-exact (the kernel rounds them to f16).
 fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
     let c = |x, o, k, stride, pad| ConvCase {
         xdt: DType::F16,
@@ -294,9 +295,9 @@ fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
             ..c([1, 12, 16, 16], 70, 3, 2, 1)
         },
     ];
-    let mut variants = vec![Conv2dVariant::CoopEmulated];
+    let mut variants = vec![Conv2dVariant::CoopEmulated, Conv2dVariant::CoopEmulatedSg4];
     if coop_available(&gpu.caps) {
-        variants.push(Conv2dVariant::Coop);
+        variants.extend([Conv2dVariant::Coop, Conv2dVariant::CoopSg4]);
     }
     variants
         .into_iter()
@@ -316,9 +317,9 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// `Auto` runs SD's f16 convolutions on the cooperative kernel exactly where the device has it (with the
-/// weights [`conv2d_weight`] uploads row-major for it), and the tiny ones (4 input or output channels)
-/// on the portable kernel everywhere.
+/// `Auto` runs SD's f16 convolutions on the cooperative kernel (its eight-subgroup layout) exactly where
+/// the device has it (with the weights [`conv2d_weight`] uploads row-major for it), and the tiny ones (4
+/// input or output channels) on the portable kernel everywhere.
 pub fn check_auto_choice(gpu: &Gpu) -> Result<Check> {
     let coop = coop_available(&gpu.caps);
     let f16 = DType::F16;
@@ -334,6 +335,9 @@ pub fn check_auto_choice(gpu: &Gpu) -> Result<Check> {
         };
         let ds = conv2d(gpu, &x, &w, None, &out, &opts)?;
         let got_coop = ds.iter().any(|d| d.name.contains("_coop"));
+        if ds.iter().any(|d| d.name.contains("_coop_sg4")) {
+            wrong.push(format!("C {c} O {o}: the four-subgroup layout"));
+        }
         let want_layout = if want_coop {
             Layout::RowMajor
         } else {
@@ -375,6 +379,10 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
         variant: Conv2dVariant::Coop,
         ..pad1
     };
+    let coop_sg4 = Conv2dOptions {
+        variant: Conv2dVariant::CoopSg4,
+        ..pad1
+    };
     let bad = [
         // Wrong output size for padding 0, wrong channel count, wrong bias, wrong residual, bad layout,
         // u32 input, a kernel larger than the padded input.
@@ -406,7 +414,9 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
         .is_err(),
         // The cooperative kernel with transposed weights (anywhere), or on a device without it.
         conv2d(gpu, &x, &transposed, None, &out, &coop).is_err(),
+        conv2d(gpu, &x, &transposed, None, &out, &coop_sg4).is_err(),
         coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop).is_err(),
+        coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop_sg4).is_err(),
     ];
     let ok = conv2d(gpu, &x, &w, None, &out, &pad1).is_ok();
     let failed: Vec<usize> = bad

@@ -167,21 +167,20 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             let base = CoopTuning::default();
             for coop in [
                 base,
-                CoopTuning { sg8: true, ..base },
                 CoopTuning {
-                    sg8: true,
-                    prefetch: false,
+                    sg8: false,
+                    bk64: false,
+                    prefetch: true,
+                    loop_bounding: true,
                     ..base
                 },
                 CoopTuning {
-                    sg8: true,
-                    bk64: true,
-                    loop_bounding: false,
+                    bk64: false,
+                    prefetch: true,
                     ..base
                 },
                 CoopTuning {
                     trusted: true,
-                    loop_bounding: false,
                     ..base
                 },
             ] {

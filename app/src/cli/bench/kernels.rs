@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use drift_engine::kernels::activation::{UnaryOp, unary};
-use drift_engine::kernels::attention::{AttentionOptions, attention};
+use drift_engine::kernels::attention::{AttentionOptions, AttentionVariant, attention};
 use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
 use drift_engine::kernels::elementwise::{BinaryOp, binary};
@@ -200,74 +200,27 @@ pub fn run_all(
     // Tuning sweep of the cooperative matmul (only when the filter asks for "coopsweep"): the build
     // switches of `CoopTuning` at the square size and at llama-3.2-1b's 512-token prefill shapes.
     if filter.is_some_and(|f| f.contains("coopsweep")) && coop_available(&gpu.caps) {
-        let base = CoopTuning::default();
+        // Each entry: (label, eight subgroups, K step 64, register prefetch, loop bounding, pad).
         let tunings = [
-            ("default", base),
+            ("default", CoopTuning::default()),
             (
-                "no-loop-bounding",
-                CoopTuning {
-                    loop_bounding: false,
-                    ..base
-                },
+                "sg4 bk32 prefetch lb (until 2026-11-30)",
+                tuning(false, false, true, true, true),
             ),
             (
-                "trusted",
+                "sg8 bk32 prefetch lb",
+                tuning(true, false, true, true, true),
+            ),
+            ("sg8 bk32 prefetch", tuning(true, false, true, false, true)),
+            ("sg8 bk64 prefetch lb", tuning(true, true, true, true, true)),
+            ("sg8 bk64 lb", tuning(true, true, false, true, true)),
+            ("sg8 bk64", tuning(true, true, false, false, true)),
+            ("sg8 bk64 no-pad", tuning(true, true, false, false, false)),
+            (
+                "sg8 bk64 trusted",
                 CoopTuning {
                     trusted: true,
-                    loop_bounding: false,
-                    ..base
-                },
-            ),
-            ("no-pad", CoopTuning { pad: false, ..base }),
-            (
-                "no-prefetch",
-                CoopTuning {
-                    prefetch: false,
-                    ..base
-                },
-            ),
-            ("sg8", CoopTuning { sg8: true, ..base }),
-            (
-                "sg8-no-prefetch",
-                CoopTuning {
-                    sg8: true,
-                    prefetch: false,
-                    ..base
-                },
-            ),
-            (
-                "sg8-no-loop-bounding",
-                CoopTuning {
-                    sg8: true,
-                    loop_bounding: false,
-                    ..base
-                },
-            ),
-            (
-                "sg8-bk64",
-                CoopTuning {
-                    sg8: true,
-                    bk64: true,
-                    ..base
-                },
-            ),
-            (
-                "sg8-bk64-no-loop-bounding",
-                CoopTuning {
-                    sg8: true,
-                    bk64: true,
-                    loop_bounding: false,
-                    ..base
-                },
-            ),
-            (
-                "sg8-bk64-no-prefetch",
-                CoopTuning {
-                    sg8: true,
-                    bk64: true,
-                    prefetch: false,
-                    loop_bounding: false,
-                    ..base
+                    ..tuning(true, true, false, false, true)
                 },
             ),
         ];
@@ -303,51 +256,27 @@ pub fn run_all(
         }
     }
     // Attention: LLM prefill (causal, 32 heads of 128, GQA 4:1) at 512 and 4096 tokens; SD 1.5 self-attention
-    // at 512x512 (4096 tokens, 8 heads of 40, batch 2); decode over a 4096-token cache.
+    // at 512x512 (4096 tokens, 8 heads of 40; 1024 of 80; 256 of 160; batch 2); decode over a 4096-token
+    // cache. Auto picks the cooperative-matrix kernel where it can; the "... prefill" twins force the
+    // f32-FMA prefill kernel for comparison (the note names the kernel that ran).
     let step = gpu.tensor("step", &[2], DType::U32, Category::Activations)?;
     let dt = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
-    for (name, b, lq, lkv, hq, hkv, d, causal) in [
-        (
-            "attention prefill 512 tok (32x128, gqa 4)",
-            1usize,
-            512usize,
-            512usize,
-            32usize,
-            8usize,
-            128usize,
-            true,
-        ),
-        (
-            "attention prefill 4096 tok (32x128, gqa 4)",
-            1,
-            4096,
-            4096,
-            32,
-            8,
-            128,
-            true,
-        ),
-        (
-            "attention sd15 4096 tok (2x8x40)",
-            2,
-            4096,
-            4096,
-            8,
-            8,
-            40,
-            false,
-        ),
-        (
-            "attention decode over 4096 (32x128, gqa 4)",
-            1,
-            1,
-            4096,
-            32,
-            8,
-            128,
-            true,
-        ),
-    ] {
+    #[rustfmt::skip]
+    let attention_cases = [
+        // (name, [B, Lq, Lkv, Hq, Hkv, D], causal, variant)
+        ("attention prefill 512 tok (32x128, gqa 4)", [1, 512, 512, 32, 8, 128], true, AttentionVariant::Auto),
+        ("attention prefill 512 tok (32x128, gqa 4) prefill", [1, 512, 512, 32, 8, 128], true, AttentionVariant::Prefill),
+        ("attention prefill 4096 tok (32x128, gqa 4)", [1, 4096, 4096, 32, 8, 128], true, AttentionVariant::Auto),
+        ("attention prefill 4096 tok (32x128, gqa 4) prefill", [1, 4096, 4096, 32, 8, 128], true, AttentionVariant::Prefill),
+        ("attention sd15 4096 tok (2x8x40)", [2, 4096, 4096, 8, 8, 40], false, AttentionVariant::Auto),
+        ("attention sd15 4096 tok (2x8x40) prefill", [2, 4096, 4096, 8, 8, 40], false, AttentionVariant::Prefill),
+        ("attention sd15 1024 tok (2x8x80)", [2, 1024, 1024, 8, 8, 80], false, AttentionVariant::Auto),
+        ("attention sd15 1024 tok (2x8x80) prefill", [2, 1024, 1024, 8, 8, 80], false, AttentionVariant::Prefill),
+        ("attention sd15 256 tok (2x8x160)", [2, 256, 256, 8, 8, 160], false, AttentionVariant::Auto),
+        ("attention sd15 256 tok (2x8x160) prefill", [2, 256, 256, 8, 8, 160], false, AttentionVariant::Prefill),
+        ("attention decode over 4096 (32x128, gqa 4)", [1, 1, 4096, 32, 8, 128], true, AttentionVariant::Auto),
+    ];
+    for (name, [b, lq, lkv, hq, hkv, d], causal, variant) in attention_cases {
         if !wanted(name) {
             continue;
         }
@@ -361,15 +290,12 @@ pub fn run_all(
         let o = act(&[b, lq, hq, d], dt)?;
         let opts = AttentionOptions {
             causal,
+            variant,
             ..Default::default()
         };
-        report(measure(
-            gpu,
-            name,
-            &attention(gpu, &q, &k, &v, &o, &step, &opts)?,
-            reps.min(5),
-            "",
-        )?);
+        let dispatches = attention(gpu, &q, &k, &v, &o, &step, &opts)?;
+        let note = dispatches[0].name.clone();
+        report(measure(gpu, name, &dispatches, reps.min(5), &note)?);
     }
     // Stable Diffusion 1.5 building blocks at 512x512, batch 2 (CFG).
     conv_cases(gpu, reps, filter, report)?;
@@ -431,8 +357,9 @@ pub fn run_all(
 
 /// SD 1.5's convolutions: the UNet's 3x3 at 64x64 x 320 (batch 2) and the VAE decoder's at 128x128 x 512,
 /// with the kernel this device picks (`conv2d 3x3 2x320x64x64 -> 320`), the portable one (`... portable`)
-/// and, where the device has it, the cooperative one (`... coop`). The filter "convcoopsweep" adds the
-/// cooperative kernel at SD's other map sizes with forced K splits (to tune its split rule).
+/// and, where the device has it, the cooperative one in its eight-subgroup layout (`... coop`) and its
+/// four-subgroup one (`... coop-sg4`). The filter "convcoopsweep" adds the cooperative kernel at SD's
+/// other map sizes with forced K splits (to tune its split rule).
 fn conv_cases(
     gpu: &Gpu,
     reps: usize,
@@ -453,6 +380,7 @@ fn conv_cases(
         cases.push((format!("{name} portable"), x, Conv2dVariant::P64C4, None));
         if coop {
             cases.push((format!("{name} coop"), x, Conv2dVariant::Coop, None));
+            cases.push((format!("{name} coop-sg4"), x, Conv2dVariant::CoopSg4, None));
         }
     }
     if coop && filter.is_some_and(|f| f.contains("convcoopsweep")) {
@@ -489,7 +417,7 @@ fn conv_cases(
         // The portable kernel streams transposed weights fastest, the cooperative one needs row-major
         // (the weights are zeros: the same bytes in either layout).
         w.layout = match variant {
-            Conv2dVariant::Coop => Layout::RowMajor,
+            Conv2dVariant::Coop | Conv2dVariant::CoopSg4 => Layout::RowMajor,
             Conv2dVariant::Auto => w.layout,
             _ => Layout::Transposed,
         };
@@ -549,4 +477,15 @@ fn bytemuck_pair(a: u32, b: u32) -> Vec<u8> {
 
 fn dt_bytes(dt: DType) -> usize {
     if dt == DType::F16 { 2 } else { 4 }
+}
+
+fn tuning(sg8: bool, bk64: bool, prefetch: bool, loop_bounding: bool, pad: bool) -> CoopTuning {
+    CoopTuning {
+        trusted: false,
+        loop_bounding,
+        pad,
+        prefetch,
+        sg8,
+        bk64,
+    }
 }
