@@ -542,14 +542,13 @@ impl Unet {
         gpu.write_tensor_f32(tt, &all)
     }
 
-    /// One forward pass: writes the inputs, runs, reads the noise prediction back.
     /// Uploads the text conditioning, once per image: it is the same for every denoising step.
     pub fn set_encoder_states(&self, gpu: &Gpu, encoder: &[f32]) -> Result<()> {
         gpu.write_tensor_f32(self.encoder_states()?, encoder)
     }
 
     /// One denoising step on `latents` at timestep `t`, with the conditioning last given to
-    /// [`Unet::set_encoder_states`].
+    /// [`Unet::set_encoder_states`]: writes the inputs, runs, reads the noise prediction back.
     pub fn forward(&self, gpu: &Gpu, latents: &[f32], t: f32) -> Result<Vec<f32>> {
         gpu.write_tensor_f32(self.latents()?, latents)?;
         self.set_timestep(gpu, t)?;

@@ -32,6 +32,9 @@ pub struct SdBench {
     pub unet_step_ms: Option<f64>,
     pub vae_decode_ms: Option<f64>,
     pub total_ms: Option<f64>,
+    /// The denoising loop as the pipeline runs it (per step: latents uploaded, UNet run, noise
+    /// prediction read back), wall clock, plus the text encoder and VAE GPU times.
+    pub total_wall_ms: Option<f64>,
     pub peak_vram_bytes: Option<u64>,
     /// Where a UNet step and the VAE decode spend GPU time: (kernel, calls, microseconds), from one
     /// profiled run each (per-dispatch timestamps).
@@ -64,6 +67,7 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
         unet_step_ms: None,
         vae_decode_ms: None,
         total_ms: None,
+        total_wall_ms: None,
         peak_vram_bytes: None,
         unet_top_kernels: vec![],
         vae_top_kernels: vec![],
@@ -96,6 +100,14 @@ pub fn run(gpu: &Gpu, shape: &str, random_weights_flag: bool, a: &SdBenchArgs) -
     r.unet_step_ms = Some(unet_us / 1e3);
     r.vae_decode_ms = Some(vae_us / 1e3);
     r.total_ms = Some((text_us + a.steps as f64 * unet_us + vae_us) / 1e3);
+    let latents = vec![0.0f32; unet.latents()?.numel()];
+    unet.forward(gpu, &latents, 999.0)?; // warm-up
+    let t = std::time::Instant::now();
+    for i in 0..a.steps {
+        unet.forward(gpu, &latents, 999.0 - 50.0 * i as f32)?;
+    }
+    let loop_us = t.elapsed().as_secs_f64() * 1e6;
+    r.total_wall_ms = Some((text_us + loop_us + vae_us) / 1e3);
     r.peak_vram_bytes = Some(gpu.memory_report().peak_total_bytes);
     r.unet_top_kernels = top_kernels(gpu, &unet.built.program, 12)?;
     r.vae_top_kernels = top_kernels(gpu, &vae.built.program, 6)?;
@@ -127,6 +139,11 @@ pub fn print(r: &SdBench, steps: usize) {
         println!(
             "  text encoder {t:.2} ms, UNet step {u:.2} ms, VAE decode {v:.2} ms; {steps} steps: {total:.0} ms"
         );
+        if let Some(w) = r.total_wall_ms {
+            println!(
+                "  with the denoising loop as the pipeline runs it (upload, run, read back per step, wall clock): {w:.0} ms"
+            );
+        }
     }
     if let Some(p) = r.peak_vram_bytes {
         println!("  peak GPU memory {:.0} MiB", mib(p));
