@@ -1,5 +1,7 @@
 // Matrix-vector products for decode, bandwidth-bound on the weight:
-//   out[b, row0 + r] = sum_k w[r, k] * x[b, k] (+ bias[row0 + r]),   b < NB (1..8), f32 accumulation.
+//   out[b, row0 + r] = sum_k w[r, k] * x[b, k] (+ bias[row0 + r]),   b < NB (1..8), f32 accumulation,
+// with the fused prologues / epilogues of matvec_fuse.wgsl (appended: RMSNorm or SwiGLU of the input,
+// residual add of the output; x_in4 / x_in1 give the input, write_out stores).
 // w is one row shard [rows, K] of a weight (row-major); out rows start at row0 of an [NB, ldo] output.
 // A workgroup covers RPW = 8 rows; each row is reduced by one team of lanes that stride along K:
 // with SG the team is a hardware subgroup (any size; rows rr = subgroup_id, += num_subgroups) and the
@@ -11,15 +13,17 @@
 // from unrolling it; so the NB accumulators are named struct fields, never a loop-indexed private
 // array (that would live in slow local memory), and `if NB > b` tests fold away at compile time.
 //
-// Specialisation: TX (x scalar), TO (output scalar), TB (bias scalar), F16, NB, WG (workgroup size),
-// WF16 (f16 weight), VEC (K and the w / x offsets allow the vector loads), SG, BIAS.
+// Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), WF16 (f16 weight),
+// VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
+// BIAS, NORM, SWIGLU, RES (with their types and bindings).
 #if F16
 enable f16;
 #endif
 
 struct Params {
-    off_w: u32, off_x: u32, off_out: u32, off_bias: u32, o4: u32, o5: u32, o6: u32, o7: u32,
+    offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
     rows: u32, k: u32, ldo: u32, row0: u32,
+    eps: f32,                  // NORM
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -42,16 +46,13 @@ struct Params {
 @group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
 #endif
 @group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
-#if BIAS
-@group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
-#endif
 
 const NB = {{NB}}u;
 const WG = {{WG}}u;
 const RPW = 8u;
 #ifnot SG
 const TS = 32u; // team size of the workgroup-memory variant
-var<workgroup> red: array<f32, NB * WG>;
+var<workgroup> red: array<Red, NB * WG>;
 #endif
 
 // Per-lane partial sums of the current row, one vec4 per activation row b (fields a0..a7, b < NB).
@@ -62,19 +63,15 @@ struct Acc {
 var<private> acc: Acc;
 
 #if VEC
-// x row b as vec4s.
-fn xrow(b: u32) -> u32 {
-    return (p.off_x + b * p.k) / 4u;
-}
 #if WF16
 const CW = 8u; // elements per W load
 fn wload(i: u32) -> vec4<u32> {
     return w[i];
 }
 // a + w chunk c (8 elements at k = 8 c) * x row b at the same k.
-fn fma_chunk(wv: vec4<u32>, xb: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
-    let x0 = vec4<f32>(xs[xb + 2u * c]);
-    let x1 = vec4<f32>(xs[xb + 2u * c + 1u]);
+fn fma_chunk(wv: vec4<u32>, b: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
+    let x0 = x_in4(b, 8u * c);
+    let x1 = x_in4(b, 8u * c + 4u);
     let w0 = vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
     let w1 = vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w));
     return fma(w0, x0, fma(w1, x1, a));
@@ -84,8 +81,8 @@ const CW = 4u;
 fn wload(i: u32) -> vec4<f32> {
     return w[i];
 }
-fn fma_chunk(wv: vec4<f32>, xb: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
-    return fma(wv, vec4<f32>(xs[xb + c]), a);
+fn fma_chunk(wv: vec4<f32>, b: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
+    return fma(wv, x_in4(b, 4u * c), a);
 }
 #endif
 #if WF16
@@ -93,27 +90,27 @@ fn add_chunk(wv: vec4<u32>, c: u32) {
 #else
 fn add_chunk(wv: vec4<f32>, c: u32) {
 #endif
-    acc.a0 = fma_chunk(wv, xrow(0u), c, acc.a0);
+    acc.a0 = fma_chunk(wv, 0u, c, acc.a0);
     if NB > 1u {
-        acc.a1 = fma_chunk(wv, xrow(1u), c, acc.a1);
+        acc.a1 = fma_chunk(wv, 1u, c, acc.a1);
     }
     if NB > 2u {
-        acc.a2 = fma_chunk(wv, xrow(2u), c, acc.a2);
+        acc.a2 = fma_chunk(wv, 2u, c, acc.a2);
     }
     if NB > 3u {
-        acc.a3 = fma_chunk(wv, xrow(3u), c, acc.a3);
+        acc.a3 = fma_chunk(wv, 3u, c, acc.a3);
     }
     if NB > 4u {
-        acc.a4 = fma_chunk(wv, xrow(4u), c, acc.a4);
+        acc.a4 = fma_chunk(wv, 4u, c, acc.a4);
     }
     if NB > 5u {
-        acc.a5 = fma_chunk(wv, xrow(5u), c, acc.a5);
+        acc.a5 = fma_chunk(wv, 5u, c, acc.a5);
     }
     if NB > 6u {
-        acc.a6 = fma_chunk(wv, xrow(6u), c, acc.a6);
+        acc.a6 = fma_chunk(wv, 6u, c, acc.a6);
     }
     if NB > 7u {
-        acc.a7 = fma_chunk(wv, xrow(7u), c, acc.a7);
+        acc.a7 = fma_chunk(wv, 7u, c, acc.a7);
     }
 }
 #else
@@ -127,7 +124,7 @@ fn wval(e: u32) -> f32 {
 }
 #endif
 fn xval(b: u32, e: u32) -> f32 {
-    return f32(xs[p.off_x + b * p.k + e]);
+    return x_in1(b, e);
 }
 // acc += w (the weights at e, e + ts, e + 2 ts, e + 3 ts) * x at the same positions.
 fn x4(b: u32, e: u32, ts: u32) -> vec4<f32> {
@@ -186,8 +183,9 @@ fn add1(wv: f32, e: u32) {
 // acc = this lane's partial sums of row `row` (lanes `lane`, stride `ts`), four loads in flight.
 fn partial(row: u32, lane: u32, ts: u32) {
     acc = Acc();
+    fuse_begin_row();
 #if VEC
-    let wrow = (p.off_w + row * p.k) / CW;
+    let wrow = (tensor_base(1u) + row * p.k) / CW;
     let nc = p.k / CW;
     var c = lane;
     for (; c + 3u * ts < nc; c += 4u * ts) {
@@ -204,7 +202,7 @@ fn partial(row: u32, lane: u32, ts: u32) {
         add_chunk(wload(wrow + c), c);
     }
 #else
-    let wrow = p.off_w + row * p.k;
+    let wrow = tensor_base(1u) + row * p.k;
     var e = lane;
     for (; e + 3u * ts < p.k; e += 4u * ts) {
         add4(vec4<f32>(wval(wrow + e), wval(wrow + e + ts), wval(wrow + e + 2u * ts), wval(wrow + e + 3u * ts)), e, ts);
@@ -215,23 +213,15 @@ fn partial(row: u32, lane: u32, ts: u32) {
 #endif
 }
 
-fn write(row: u32, b: u32, s: f32) {
-    var v = s;
-#if BIAS
-    v += f32(bias[p.off_bias + p.row0 + row]);
-#endif
-    out[p.off_out + b * p.ldo + p.row0 + row] = {{TO}}(v);
-}
-
 fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 
 #if SG
 fn reduce_write(row: u32, lane: u32, b: u32, v: vec4<f32>) {
-    let s = subgroupAdd(hsum(v));
+    let s = subgroupAdd(red_pack(hsum(v), b));
     if lane == 0u {
-        write(row, b, s);
+        write_out(row, b, s);
     }
 }
 #endif
@@ -287,27 +277,27 @@ fn matvec(
     if row < p.rows {
         partial(row, lane, TS);
     }
-    red[lid] = hsum(acc.a0);
+    red[lid] = red_pack(hsum(acc.a0), 0u);
     if NB > 1u {
-        red[WG + lid] = hsum(acc.a1);
+        red[WG + lid] = red_pack(hsum(acc.a1), 1u);
     }
     if NB > 2u {
-        red[2u * WG + lid] = hsum(acc.a2);
+        red[2u * WG + lid] = red_pack(hsum(acc.a2), 2u);
     }
     if NB > 3u {
-        red[3u * WG + lid] = hsum(acc.a3);
+        red[3u * WG + lid] = red_pack(hsum(acc.a3), 3u);
     }
     if NB > 4u {
-        red[4u * WG + lid] = hsum(acc.a4);
+        red[4u * WG + lid] = red_pack(hsum(acc.a4), 4u);
     }
     if NB > 5u {
-        red[5u * WG + lid] = hsum(acc.a5);
+        red[5u * WG + lid] = red_pack(hsum(acc.a5), 5u);
     }
     if NB > 6u {
-        red[6u * WG + lid] = hsum(acc.a6);
+        red[6u * WG + lid] = red_pack(hsum(acc.a6), 6u);
     }
     if NB > 7u {
-        red[7u * WG + lid] = hsum(acc.a7);
+        red[7u * WG + lid] = red_pack(hsum(acc.a7), 7u);
     }
     workgroupBarrier();
     for (var s = TS / 2u; s > 0u; s /= 2u) {
@@ -320,7 +310,7 @@ fn matvec(
     }
     if lane == 0u && row < p.rows {
         for (var b = 0u; b < NB; b++) {
-            write(row, b, red[b * WG + lid]);
+            write_out(row, b, red[b * WG + lid]);
         }
     }
 #endif

@@ -1,7 +1,9 @@
 // Matrix-vector products on GGML block-quantized weights (decode), bandwidth-bound on the weight:
 //   out[b, row0 + r] = sum_k w[r, k] * x[b, k] (+ bias[row0 + r]),   b < NB (1..8), f32 accumulation,
 // w one row shard [rows, K] of a weight, kept in its GGUF block layout and dequantized in registers
-// (dequant.wgsl, appended to this file, decodes 32-element chunks; see there for the layout).
+// (dequant.wgsl, appended to this file, decodes 32-element chunks; see there for the layout), with the
+// fused prologues / epilogues of matvec_fuse.wgsl (appended after it: RMSNorm or SwiGLU of the input,
+// residual add of the output).
 //
 // A workgroup covers TEAMS = 8 teams of R rows. A team's lanes stride along K one 32-element chunk at a
 // time (adjacent lanes read adjacent blocks, so a team streams its rows contiguously) and keeps U chunks
@@ -12,36 +14,33 @@
 // hardware subgroup (any size: teams g = subgroup_id, += num_subgroups) reducing with subgroupAdd,
 // otherwise 32 invocations reducing through a workgroup-memory tree.
 //
-// Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO / TB (x, out, bias scalar types), F16,
-// NB, R, U, UREM (U > 1), WG (workgroup size), XVEC (x offset allows vec4 loads), SG, BIAS, MIN (type
-// has mins).
+// Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO (x, out scalar types), F16, NB, R, U,
+// UREM (U > 1), WG (workgroup size), XV4 (x offset allows vec4 loads), SG, MIN (type has mins), and
+// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES (with their types and bindings).
 #if F16
 enable f16;
 #endif
 
 struct Params {
-    off_w: u32, off_x: u32, off_out: u32, off_bias: u32, o4: u32, o5: u32, o6: u32, o7: u32,
+    offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
     rows: u32,      // rows of this shard
     k: u32,
     ldo: u32,       // row stride of out (N)
     row0: u32,      // output row of the shard's first row
-    wbyte: u32,     // byte offset of the shard's first row past word off_w (0..3)
+    wbyte: u32,     // byte offset of the shard's first row past the word at its base offset (0..3)
     row_bytes: u32,
     nchunks: u32,   // K / 32
-    pad: u32,
+    eps: f32,       // NORM
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-#if XVEC
+#if XV4
 @group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
 #else
 @group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
 #endif
 @group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
-#if BIAS
-@group(0) @binding(4) var<storage, read> bias: array<{{TB}}>;
-#endif
 
 const NB = {{NB}}u;
 const R = {{R}}u;
@@ -51,17 +50,12 @@ const TEAMS = 8u;
 const NACC = NB * R;
 #ifnot SG
 const TS = 32u; // team size of the workgroup-memory variant
-var<workgroup> red: array<f32, NACC * WG>;
+var<workgroup> red: array<Red, NACC * WG>;
 #endif
 
-// x[b, 4v .. 4v + 4]
+// The input at x[b, 4v .. 4v + 4] (matvec_fuse.wgsl's prologue).
 fn xv(b: u32, v: u32) -> vec4<f32> {
-#if XVEC
-    return vec4<f32>(xs[p.off_x / 4u + b * (p.k / 4u) + v]);
-#else
-    let e = p.off_x + b * p.k + 4u * v;
-    return vec4<f32>(f32(xs[e]), f32(xs[e + 1u]), f32(xs[e + 2u]), f32(xs[e + 3u]));
-#endif
+    return x_in4(b, 4u * v);
 }
 
 // The chunk's dot product with x (per vector lane; summed at the end).
@@ -106,9 +100,10 @@ fn accumulate(acc: ptr<function, array<vec4<f32>, NACC>>, raw: array<Raw, R>, c:
 // sums are dropped), accumulator i = row i / NB, batch row i % NB.
 fn team(first: u32, lane: u32, ts: u32) -> array<vec4<f32>, NACC> {
     var acc: array<vec4<f32>, NACC>;
+    fuse_begin_row();
     var rb: array<u32, R>;
     for (var r = 0u; r < R; r++) {
-        rb[r] = p.off_w * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
+        rb[r] = tensor_base(1u) * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
     }
     var c0 = lane;
     // Whole steps: every load of the step is issued (as raw words) before any decoding, and the body
@@ -137,14 +132,6 @@ fn team(first: u32, lane: u32, ts: u32) -> array<vec4<f32>, NACC> {
     return acc;
 }
 
-fn write(row: u32, b: u32, s: f32) {
-    var v = s;
-#if BIAS
-    v += f32(bias[p.off_bias + p.row0 + row]);
-#endif
-    out[p.off_out + b * p.ldo + p.row0 + row] = {{TO}}(v);
-}
-
 @compute @workgroup_size(WG)
 fn matvec(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -167,10 +154,10 @@ fn matvec(
         }
         let acc = team(first, lane, sgs);
         for (var i = 0u; i < NACC; i++) {
-            let s = subgroupAdd(dot(acc[i], vec4<f32>(1.0)));
+            let s = subgroupAdd(red_pack(dot(acc[i], vec4<f32>(1.0)), i % NB));
             let row = first + i / NB;
             if lane == 0u && row < p.rows {
-                write(row, i % NB, s);
+                write_out(row, i % NB, s);
             }
         }
     }
@@ -183,7 +170,7 @@ fn matvec(
         acc = team(first, lane, TS);
     }
     for (var i = 0u; i < NACC; i++) {
-        red[i * WG + lid] = dot(acc[i], vec4<f32>(1.0));
+        red[i * WG + lid] = red_pack(dot(acc[i], vec4<f32>(1.0)), i % NB);
     }
     workgroupBarrier();
     for (var s = TS / 2u; s > 0u; s /= 2u) {
@@ -198,7 +185,7 @@ fn matvec(
         for (var i = 0u; i < NACC; i++) {
             let row = first + i / NB;
             if row < p.rows {
-                write(row, i % NB, red[i * WG + lid]);
+                write_out(row, i % NB, red[i * WG + lid]);
             }
         }
     }

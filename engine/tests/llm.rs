@@ -337,3 +337,49 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
     assert!(e.contains("pickle"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fused decode step (norms, SwiGLU and residual adds inside the matrix-vector products) gives the
+/// unfused step's logits, with 3 dispatches fewer per layer (and no first norm).
+#[test]
+fn fused_decode_matches_unfused() {
+    for gpu in [gpu_f32(), gpu()] {
+        let (f, r) = fixture("llama-gqa");
+        let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
+        let mut m = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
+        let prompt = ids(&r["prompt_ids"]);
+        let t = prompt.len();
+        // Fill the KV cache with the prompt, then decode one more token at position t.
+        m.write_ids(gpu, &prompt).unwrap();
+        m.set_step(gpu, t, 0).unwrap();
+        m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+        let step = |m: &mut LlamaModel, fused: bool| {
+            m.set_decode_fusion(gpu, fused).unwrap();
+            assert_eq!(m.decode_fused(), fused);
+            m.write_ids(gpu, &[prompt[1]]).unwrap();
+            m.set_step(gpu, t + 1, t).unwrap();
+            m.decode_program().run(gpu).unwrap();
+            (gpu.read_f32(&m.logits).unwrap(), m.decode_program().len())
+        };
+        let (fused, n_fused) = step(&mut m, true);
+        let (unfused, n_unfused) = step(&mut m, false);
+        assert_eq!(n_unfused - n_fused, 3 * m.cfg.n_layers + 1, "dispatches");
+        // f32: only rounding differs (the product of the normed input vs the normed product), ~1e-6
+        // relative. f16: the unfused step rounds the normed input and the SwiGLU output to f16, the fused
+        // one keeps them in f32: ~1e-3 relative per value.
+        let (atol, rtol) = if gpu.caps.f16 {
+            (0.05, 5e-3)
+        } else {
+            (2e-4, 1e-5)
+        };
+        let want: Vec<f64> = unfused.iter().map(|&v| v as f64).collect();
+        let c = drift_engine::selftest::compare(
+            format!("fused vs unfused decode logits (f16: {})", gpu.caps.f16),
+            &fused,
+            &want,
+            atol,
+            rtol,
+        );
+        println!("{c}");
+        assert!(c.passed, "{c}");
+    }
+}

@@ -5,13 +5,22 @@
 //! `subgroupAdd` where the device has subgroups, else 32 invocations reducing through workgroup
 //! memory. The weight streams as 16-byte vector loads when K and the offsets allow it (scalar loads
 //! otherwise). Weights bigger than one storage binding are bound shard by shard ([`matvec_shards`]).
+//!
+//! Decode fusions ([`MatvecOptions`], `shaders/matvec_fuse.wgsl`, shared with the quantized kernels):
+//! an RMSNorm of the input (`norm`), SwiGLU of a `[gate | up]` input (`swiglu`) and a residual added to
+//! the output (`residual`, which may be `out` itself), so a decoder layer needs no norm, activation or
+//! add dispatches between its projections.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
+use crate::kernels::softmax::partial_overlap;
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Tensor};
 use crate::{shader, shape_err};
+
+/// The float-weight kernel with the shared fused prologues / epilogues appended.
+const MATVEC_SRC: &str = concat!(shader!("matvec.wgsl"), shader!("matvec_fuse.wgsl"));
 
 /// Most activation rows one dispatch multiplies.
 pub const MAX_BATCH: usize = 8;
@@ -36,6 +45,14 @@ pub enum MatvecVariant {
 pub struct MatvecOptions<'a> {
     /// `[N]` (f32 or f16) added to every output row.
     pub bias: Option<&'a Tensor>,
+    /// `(g, eps)`: the input is `rmsnorm(x) * g` (g `[K]`, f32 or f16), computed on the fly: the
+    /// products use `x * g` and are scaled by `1 / sqrt(mean(x^2) + eps)` of the raw row.
+    pub norm: Option<(&'a Tensor, f32)>,
+    /// The input is `silu(gate) * up` of `x = [gate | up]` (`x`: `[B, 2K]`). Not with `norm`.
+    pub swiglu: bool,
+    /// Added to the output: `out = residual + x @ w^T (+ bias)`, `residual` shaped like `out` (f32 or
+    /// f16). It may be `out` itself (the residual stream updated in place), not a partial overlap.
+    pub residual: Option<&'a Tensor>,
     pub variant: MatvecVariant,
     /// Largest weight shard in bytes (default: the device's storage-binding limit). Tests set it
     /// small to exercise the sharded path.
@@ -103,9 +120,10 @@ pub fn matvec_shards(
         }
         n += t.shape[0];
     }
-    let batch = check_io("matvec", x, out, opts.bias, n, k)?;
+    let batch = check_io("matvec", x, out, opts, n, k)?;
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
+    let fusion = Fusion::new(gpu, opts)?;
     // Eight rows per workgroup: eight subgroups where the size allows, else fewer subgroups looping.
     let wg = if sg {
         (ROWS_PER_WORKGROUP as u32 * caps.subgroup_max_size)
@@ -122,7 +140,7 @@ pub fn matvec_shards(
         let cw = if wf16 { 8 } else { 4 };
         let vec = k.is_multiple_of(cw) && bw.is_multiple_of(cw) && bx.is_multiple_of(4);
         let name = format!(
-            "matvec_{}_{}{}{}{}",
+            "matvec_{}_{}{}{}{}{}",
             w.dtype.wgsl(),
             x.dtype.wgsl(),
             if out.dtype == x.dtype {
@@ -135,26 +153,33 @@ pub fn matvec_shards(
             } else {
                 String::new()
             },
+            fusion.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
-        let spec = KernelSpec::new(name, shader!("matvec.wgsl"), "matvec")
+        let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
-            .define("TB", opts.bias.map_or("f32", |b| b.dtype.wgsl()))
             .define("F16", u8::from(f16))
             .define("NB", batch)
             .define("WG", wg)
             .define("WF16", u8::from(wf16))
             .define("VEC", u8::from(vec))
+            .define("XV4", u8::from(vec))
             .define("SG", u8::from(sg))
-            .define("BIAS", u8::from(opts.bias.is_some()));
+            .defines(fusion.defines.clone());
         let kernel = gpu.kernel(&spec)?;
         let rows = w.shape[0];
         let groups = rows.div_ceil(ROWS_PER_WORKGROUP) as u32;
-        let params = [rows as u32, k as u32, n as u32, sh.row_start as u32];
+        let params = [
+            rows as u32,
+            k as u32,
+            n as u32,
+            sh.row_start as u32,
+            fusion.eps.to_bits(),
+        ];
         let mut tensors = vec![w, x, out];
-        tensors.extend(opts.bias);
-        let cost = matvec_cost(w.byte_len(), batch, rows, k, x, out, opts.bias);
+        tensors.extend(&fusion.tensors);
+        let cost = matvec_cost(w.byte_len(), batch, rows, k, x, out, opts);
         ds.push(gpu.dispatch(
             &kernel,
             &params,
@@ -166,28 +191,32 @@ pub fn matvec_shards(
     Ok(ds)
 }
 
-/// Checks the activations of a matrix-vector product with a weight `[n, k]`: x `[B, k]` or `[k]`, out
-/// `[B, n]` or `[n]` (row-major f32 or f16, `1 <= B <= MAX_BATCH`), bias `[n]`. Returns B.
+/// Checks the activations and fusion options of a matrix-vector product with a weight `[n, k]`: x
+/// `[B, k]` or `[k]` (`[B, 2k]` with SwiGLU), out `[B, n]` or `[n]` (row-major f32 or f16,
+/// `1 <= B <= MAX_BATCH`), bias `[n]`, norm weight `[k]`, residual shaped like out. Returns B.
 pub(crate) fn check_io(
     what: &str,
     x: &Tensor,
     out: &Tensor,
-    bias: Option<&Tensor>,
+    opts: &MatvecOptions,
     n: usize,
     k: usize,
 ) -> Result<usize> {
+    let xk = if opts.swiglu { 2 * k } else { k };
     let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
-    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == k;
+    let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == xk;
     let out_ok =
         out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
     if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
         return Err(shape_err!(
-            "{what}: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {k}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
+            "{what}: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {xk}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
             x.shape,
             out.shape
         ));
     }
-    for (t, name) in [(x, "x"), (out, "out")] {
+    let mut acts = vec![(x, "x"), (out, "out")];
+    acts.extend(opts.residual.map(|r| (r, "residual")));
+    for (t, name) in acts {
         if !matches!(t.dtype, DType::F32 | DType::F16) || t.layout != Layout::RowMajor {
             return Err(shape_err!(
                 "{what}: {name} must be row-major f32 or f16, is {:?} {:?}",
@@ -196,7 +225,7 @@ pub(crate) fn check_io(
             ));
         }
     }
-    if let Some(b) = bias
+    if let Some(b) = opts.bias
         && (b.numel() != n || !matches!(b.dtype, DType::F32 | DType::F16))
     {
         return Err(shape_err!(
@@ -205,7 +234,99 @@ pub(crate) fn check_io(
             b.dtype
         ));
     }
+    if let Some((g, eps)) = opts.norm {
+        if g.numel() != k || !matches!(g.dtype, DType::F32 | DType::F16) {
+            return Err(shape_err!(
+                "{what}: the norm weight must be [{k}] f32 or f16, is {:?} {:?}",
+                g.shape,
+                g.dtype
+            ));
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(shape_err!(
+                "{what}: norm eps {eps} is not a finite value >= 0"
+            ));
+        }
+        if opts.swiglu {
+            return Err(shape_err!(
+                "{what}: norm and swiglu prologues do not combine"
+            ));
+        }
+    }
+    if let Some(r) = opts.residual {
+        if r.shape != out.shape {
+            return Err(shape_err!(
+                "{what}: residual {:?} must have the shape of out {:?}",
+                r.shape,
+                out.shape
+            ));
+        }
+        if partial_overlap(r, out) {
+            return Err(shape_err!(
+                "{what}: the residual partly overlaps out (it may only be out itself)"
+            ));
+        }
+    }
     Ok(batch)
+}
+
+/// The fused prologue / epilogue of a matrix-vector dispatch (`shaders/matvec_fuse.wgsl`): its
+/// defines, the optional tensors bound after w, x and out (bias, norm weight, residual; those
+/// present, in binding order) and the norm's eps.
+pub(crate) struct Fusion<'a> {
+    pub defines: Vec<(&'static str, String)>,
+    pub tensors: Vec<&'a Tensor>,
+    pub eps: f32,
+    suffix: String,
+}
+
+impl<'a> Fusion<'a> {
+    /// For options already checked by [`check_io`].
+    pub fn new(gpu: &Gpu, opts: &MatvecOptions<'a>) -> Result<Fusion<'a>> {
+        let mut f = Fusion {
+            defines: vec![
+                ("BIAS", u8::from(opts.bias.is_some()).to_string()),
+                ("NORM", u8::from(opts.norm.is_some()).to_string()),
+                ("SWIGLU", u8::from(opts.swiglu).to_string()),
+                ("RES", u8::from(opts.residual.is_some()).to_string()),
+            ],
+            tensors: Vec::new(),
+            eps: 0.0,
+            suffix: String::new(),
+        };
+        // Bindings 1..=3 are w, x, out.
+        let next = |f: &Fusion| (f.tensors.len() + 4).to_string();
+        if let Some(b) = opts.bias {
+            f.defines.push(("TB", b.dtype.wgsl().into()));
+            f.tensors.push(b);
+        }
+        if let Some((g, eps)) = opts.norm {
+            let base = g.binding(gpu.caps.max_storage_binding)?.base_elems;
+            f.defines.extend([
+                ("NORM_B", next(&f)),
+                ("TG", g.dtype.wgsl().into()),
+                ("GV4", u8::from(base.is_multiple_of(4)).to_string()),
+            ]);
+            f.tensors.push(g);
+            f.eps = eps;
+            f.suffix += "_norm";
+        }
+        if opts.swiglu {
+            f.suffix += "_swiglu";
+        }
+        if let Some(r) = opts.residual {
+            f.defines
+                .extend([("RES_B", next(&f)), ("TR", r.dtype.wgsl().into())]);
+            f.tensors.push(r);
+            f.suffix += "_res";
+        }
+        Ok(f)
+    }
+
+    /// Kernel name suffix (`_norm`, `_swiglu`, `_res`) for the profiler.
+    pub fn suffix(&self) -> &str {
+        &self.suffix
+    }
 }
 
 /// Whether any activation is f16 (an error where the device has none) and whether rows reduce with
@@ -217,9 +338,16 @@ pub(crate) fn choose_reduction(
     opts: &MatvecOptions,
 ) -> Result<(bool, bool)> {
     let caps = &gpu.caps;
-    let f16 = x.dtype == DType::F16
-        || out.dtype == DType::F16
-        || opts.bias.is_some_and(|b| b.dtype == DType::F16);
+    let f16 = [
+        Some(x),
+        Some(out),
+        opts.bias,
+        opts.norm.map(|(g, _)| g),
+        opts.residual,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|t| t.dtype == DType::F16);
     if f16 && !caps.f16 {
         return Err(DriftError::Unsupported(
             "f16 activations on a device without shader-f16".into(),
@@ -238,7 +366,8 @@ pub(crate) fn choose_reduction(
     Ok((f16, sg))
 }
 
-/// Work of one matrix-vector dispatch: `weight_bytes` of weights read once, x read, out written.
+/// Work of one matrix-vector dispatch: `weight_bytes` of weights read once, x (and the norm weight)
+/// read, out written (and the residual read).
 pub(crate) fn matvec_cost(
     weight_bytes: u64,
     batch: usize,
@@ -246,13 +375,20 @@ pub(crate) fn matvec_cost(
     k: usize,
     x: &Tensor,
     out: &Tensor,
-    bias: Option<&Tensor>,
+    opts: &MatvecOptions,
 ) -> Cost {
+    let xk = if opts.swiglu { 2 * k } else { k };
+    let out_elem = out.elem_bytes() + opts.residual.map_or(0, |r| r.elem_bytes());
     Cost {
         flops: 2.0 * (batch * rows * k) as f64,
         bytes: weight_bytes as f64
-            + (batch * k) as f64 * x.elem_bytes() as f64
-            + (batch * rows) as f64 * out.elem_bytes() as f64
-            + bias.map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64),
+            + (batch * xk) as f64 * x.elem_bytes() as f64
+            + (batch * rows) as f64 * out_elem as f64
+            + opts
+                .bias
+                .map_or(0.0, |b| (rows as u64 * b.elem_bytes()) as f64)
+            + opts
+                .norm
+                .map_or(0.0, |(g, _)| (k as u64 * g.elem_bytes()) as f64),
     }
 }

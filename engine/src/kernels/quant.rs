@@ -4,23 +4,31 @@
 //! repacking on upload, so a loader uploads the file's bytes as they are). Kernels read them as u32 words
 //! and decode 32-element chunks in registers (`shaders/dequant.wgsl`):
 //! - [`matvec_quant`]: decode matrix-vector products, `out = x @ w^T (+ bias)` for up to
-//!   [`MAX_BATCH`] activation rows, with the options (bias, subgroup or workgroup-memory reduction,
-//!   shard size) of [`crate::kernels::matvec`]; weights over a storage binding go shard by shard;
+//!   [`MAX_BATCH`] activation rows, with the options (bias, fused norm / SwiGLU / residual, subgroup or
+//!   workgroup-memory reduction, shard size) of [`crate::kernels::matvec`]; weights over a storage
+//!   binding go shard by shard;
 //! - [`dequantize`]: a whole weight (or a row view of it) to f16 or f32, for prefill through a reused
 //!   scratch buffer.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
-use crate::kernels::matvec::{MatvecOptions, check_io, choose_reduction, matvec, matvec_cost};
+use crate::kernels::matvec::{
+    Fusion, MatvecOptions, check_io, choose_reduction, matvec, matvec_cost,
+};
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
 
 pub use crate::kernels::matvec::MAX_BATCH;
 
-/// The decode library and both kernels: `matvec_quant.wgsl` uses `dequant.wgsl`'s functions.
-const MATVEC_SRC: &str = concat!(shader!("matvec_quant.wgsl"), shader!("dequant.wgsl"));
+/// The decode kernel: `matvec_quant.wgsl` uses `dequant.wgsl`'s decoders and `matvec_fuse.wgsl`'s
+/// prologues / epilogues.
+const MATVEC_SRC: &str = concat!(
+    shader!("matvec_quant.wgsl"),
+    shader!("dequant.wgsl"),
+    shader!("matvec_fuse.wgsl")
+);
 const DEQUANT_SRC: &str = shader!("dequant.wgsl");
 
 /// Teams (row groups) per workgroup, fixed in `shaders/matvec_quant.wgsl`.
@@ -245,7 +253,7 @@ pub fn matvec_quant_shards_tuned(
     if n == 0 {
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
-    let batch = check_io("matvec_quant", x, out, opts.bias, n, k)?;
+    let batch = check_io("matvec_quant", x, out, opts, n, k)?;
     if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
     {
         return Err(shape_err!(
@@ -262,6 +270,7 @@ pub fn matvec_quant_shards_tuned(
     };
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
+    let fusion = Fusion::new(gpu, opts)?;
     // TEAMS subgroups where the size allows, else fewer subgroups looping over the teams.
     let wg = if sg {
         (TEAMS as u32 * caps.subgroup_max_size)
@@ -285,7 +294,7 @@ pub fn matvec_quant_shards_tuned(
         let aligned =
             wbyte == 0 && row_bytes.is_multiple_of(4) && dtype.block_bytes().is_multiple_of(4);
         let name = format!(
-            "matvec_{}_{}{}{}{}",
+            "matvec_{}_{}{}{}{}{}",
             type_define(dtype).to_lowercase(),
             x.dtype.wgsl(),
             if out.dtype == x.dtype {
@@ -298,6 +307,7 @@ pub fn matvec_quant_shards_tuned(
             } else {
                 String::new()
             },
+            fusion.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
@@ -305,17 +315,16 @@ pub fn matvec_quant_shards_tuned(
             .define("ALIGNED", u8::from(aligned))
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
-            .define("TB", opts.bias.map_or("f32", |b| b.dtype.wgsl()))
             .define("F16", u8::from(f16))
             .define("NB", batch)
             .define("R", r)
             .define("U", u)
             .define("UREM", u8::from(u > 1))
             .define("WG", wg)
-            .define("XVEC", u8::from(xvec))
+            .define("XV4", u8::from(xvec))
             .define("SG", u8::from(sg))
-            .define("BIAS", u8::from(opts.bias.is_some()))
-            .define("MIN", u8::from(has_min(dtype)));
+            .define("MIN", u8::from(has_min(dtype)))
+            .defines(fusion.defines.clone());
         let spec = if tuning.trusted { spec.trusted() } else { spec };
         let kernel = gpu.kernel(&spec)?;
         let rows = sh.tensor.shape[0];
@@ -328,11 +337,11 @@ pub fn matvec_quant_shards_tuned(
             wbyte,
             row_bytes as u32,
             (k / 32) as u32,
-            0,
+            fusion.eps.to_bits(),
         ];
         let mut tensors = vec![&wv, x, out];
-        tensors.extend(opts.bias);
-        let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts.bias);
+        tensors.extend(&fusion.tensors);
+        let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts);
         ds.push(gpu.dispatch(
             &kernel,
             &params,

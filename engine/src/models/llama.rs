@@ -7,6 +7,12 @@
 //! Fusions: Q, K and V are one projection (weights stacked at load), split into the cache layout with
 //! RoPE applied on the way; gate and up are one projection followed by SwiGLU; the residual add is fused
 //! into the next RMSNorm; the sampled token id stays on the GPU as the next step's input.
+//!
+//! Decode (and prefills of at most [`MATVEC_MAX_ROWS`] rows) fuses further into the matrix-vector
+//! kernels, 7 dispatches per layer: the QKV, gate-up and LM-head products normalise the f32 residual
+//! stream on the fly (RMSNorm prologue), the down product applies SwiGLU to the gate-up rows (SwiGLU
+//! prologue), and the O and down products add into the residual stream in place (residual epilogue).
+//! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Dispatch, Program};
@@ -32,21 +38,58 @@ pub use crate::models::llama_weights::{
     LayerWeights, Linear, LlamaWeights, QuantScheme, WeightSource,
 };
 
-/// Activations of one stage (T rows).
+/// Whether decode fuses norms, SwiGLU and residual adds into the matrix-vector products:
+/// `DRIFT_DECODE_FUSION=0` turns it off.
+fn decode_fusion_from_env() -> bool {
+    std::env::var_os("DRIFT_DECODE_FUSION").is_none_or(|v| v != "0")
+}
+
+/// Activations of one stage (T rows). The fused matrix-vector stage has no separate normed input,
+/// SwiGLU output, O or down outputs (those add into `x`).
 struct Activations {
     x: Tensor,
-    xn: Tensor,
     qkv: Tensor,
     q: Tensor,
     attn: Tensor,
-    o: Tensor,
     gu: Tensor,
+    unfused: Option<Unfused>,
+}
+
+/// The intermediates only the unfused stage has.
+struct Unfused {
+    xn: Tensor,
+    o: Tensor,
     act: Tensor,
     down: Tensor,
 }
 
+/// The fused prologue / epilogue of one projection (see [`MatvecOptions`]).
+#[derive(Clone, Copy, Default)]
+struct Fuse<'a> {
+    norm: Option<(&'a Tensor, f32)>,
+    swiglu: bool,
+    residual: Option<&'a Tensor>,
+}
+
+impl<'a> Fuse<'a> {
+    fn is_some(&self) -> bool {
+        self.norm.is_some() || self.swiglu || self.residual.is_some()
+    }
+
+    /// The matvec options of one weight part: its bias and its slice of the residual.
+    fn options(&self, bias: Option<&'a Tensor>, residual: Option<&'a Tensor>) -> MatvecOptions<'a> {
+        MatvecOptions {
+            bias,
+            norm: self.norm,
+            swiglu: self.swiglu,
+            residual,
+            ..Default::default()
+        }
+    }
+}
+
 impl Activations {
-    fn new(gpu: &Gpu, cfg: &LlmConfig, t: usize, io: DType) -> Result<Activations> {
+    fn new(gpu: &Gpu, cfg: &LlmConfig, t: usize, io: DType, fused: bool) -> Result<Activations> {
         let (hq, hkv, d, h, i) = (
             cfg.n_heads,
             cfg.n_kv_heads,
@@ -57,16 +100,23 @@ impl Activations {
         let a = |name: &str, shape: &[usize], dt: DType| {
             gpu.tensor(name, shape, dt, Category::Activations)
         };
+        let unfused = if fused {
+            None
+        } else {
+            Some(Unfused {
+                xn: a("xn", &[t, h], io)?,
+                o: a("o", &[t, h], DType::F32)?,
+                act: a("act", &[t, i], io)?,
+                down: a("down", &[t, h], DType::F32)?,
+            })
+        };
         Ok(Activations {
             x: a("x", &[t, h], DType::F32)?,
-            xn: a("xn", &[t, h], io)?,
             qkv: a("qkv", &[t, (hq + 2 * hkv) * d], DType::F32)?,
             q: a("q", &[1, t, hq, d], io)?,
             attn: a("attn", &[1, t, hq, d], io)?,
-            o: a("o", &[t, h], DType::F32)?,
             gu: a("gu", &[t, 2 * i], io)?,
-            act: a("act", &[t, i], io)?,
-            down: a("down", &[t, h], DType::F32)?,
+            unfused,
         })
     }
 }
@@ -86,6 +136,8 @@ pub struct LlamaModel {
     pub logits: Tensor,
     decode_acts: Activations,
     decode: Option<Program>,
+    /// Fused matrix-vector stages (see the module docs); from `DRIFT_DECODE_FUSION` at load.
+    fusion: bool,
     /// Greedy selection after a step (argmax into the next input id), built once like `decode`.
     greedy: Vec<Dispatch>,
     /// f16 scratch for prefill: quantised weights are dequantised here just before their matmul.
@@ -116,6 +168,8 @@ impl LlamaModel {
         let scratch = scratch_elems
             .map(|n| gpu.tensor("dequant scratch", &[n], w.dtype, Category::Activations))
             .transpose()?;
+        let fusion = decode_fusion_from_env();
+        let decode_fused = fusion && fusable(&w, 1);
         let mut m = LlamaModel {
             step: u32s("step", 2)?,
             ids: u32s("ids", max_ctx + 1)?,
@@ -123,8 +177,9 @@ impl LlamaModel {
             logits: gpu.tensor("logits", &[1, cfg.vocab], DType::F32, Category::Activations)?,
             // Decode activations in the weights' dtype (f16 on most GPUs): the matrix-vector kernels read x
             // once per row group, so its width costs as much bandwidth as the blocks themselves.
-            decode_acts: Activations::new(gpu, &cfg, 1, w.dtype)?,
+            decode_acts: Activations::new(gpu, &cfg, 1, w.dtype, decode_fused)?,
             decode: None,
+            fusion,
             greedy: Vec::new(),
             scratch,
             kv,
@@ -138,23 +193,44 @@ impl LlamaModel {
         Ok(m)
     }
 
+    /// Whether the stage of `t` rows runs fused (see the module docs).
+    fn fused(&self, t: usize) -> bool {
+        self.fusion && fusable(&self.w, t)
+    }
+
+    /// Whether this model's decode program is the fused one.
+    pub fn decode_fused(&self) -> bool {
+        self.fused(1)
+    }
+
+    /// Rebuilds the decode program fused or not (comparisons; `DRIFT_DECODE_FUSION` sets it at load).
+    pub fn set_decode_fusion(&mut self, gpu: &Gpu, on: bool) -> Result<()> {
+        self.fusion = on;
+        self.decode_acts = Activations::new(gpu, &self.cfg, 1, self.w.dtype, self.fused(1))?;
+        self.decode = Some(self.build_decode(gpu)?);
+        Ok(())
+    }
+
     /// `out = x @ w^T (+ b)`: matrix-vector kernels (dequantising in registers) for a few rows;
     /// matrix-matrix otherwise, through the f16 scratch when the weight is quantised or in parts.
     fn linear(&self, gpu: &Gpu, x: &Tensor, w: &Linear, out: &Tensor) -> Result<Vec<Dispatch>> {
+        self.linear_fused(gpu, x, w, out, Fuse::default())
+    }
+
+    /// [`LlamaModel::linear`] with a fused prologue / epilogue, which only the matrix-vector path has.
+    fn linear_fused(
+        &self,
+        gpu: &Gpu,
+        x: &Tensor,
+        w: &Linear,
+        out: &Tensor,
+        fuse: Fuse,
+    ) -> Result<Vec<Dispatch>> {
         let rows = x.dim(0);
         let b = w.bias.as_ref();
-        if rows <= MATVEC_MAX_ROWS && (w.parts.len() == 1 || rows == 1) {
+        if matvec_rows(w, rows) {
             if let [part] = &w.parts[..] {
-                return matvec_quant(
-                    gpu,
-                    part,
-                    x,
-                    out,
-                    &MatvecOptions {
-                        bias: b,
-                        ..Default::default()
-                    },
-                );
+                return matvec_quant(gpu, part, x, out, &fuse.options(b, fuse.residual));
             }
             // One row: each part writes its slice of the output row.
             let mut d = Vec::new();
@@ -162,20 +238,24 @@ impl LlamaModel {
             for part in &w.parts {
                 let n = part.shape[0];
                 let bias = b.map(|b| b.view(off, &[n])).transpose()?;
+                let res = fuse.residual.map(|r| r.view(off, &[1, n])).transpose()?;
                 let o = out.view(off, &[1, n])?;
                 d.extend(matvec_quant(
                     gpu,
                     part,
                     x,
                     &o,
-                    &MatvecOptions {
-                        bias: bias.as_ref(),
-                        ..Default::default()
-                    },
+                    &fuse.options(bias.as_ref(), res.as_ref()),
                 )?);
                 off += n;
             }
             return Ok(d);
+        }
+        if fuse.is_some() {
+            return Err(DriftError::Other(format!(
+                "a fused projection of {rows} rows over {} weight parts has no matrix-vector path",
+                w.parts.len()
+            )));
         }
         let opts = MatmulOptions {
             transpose_b: true,
@@ -221,29 +301,43 @@ impl LlamaModel {
         Ok(d)
     }
 
-    /// The layer stack for `t` rows whose token ids start at `ids` element `first_id`, ending with
-    /// `xn` holding the final-normed hidden states.
+    /// The layer stack for `t` rows whose token ids start at `ids` element `first_id`: ends with the
+    /// final-normed hidden states in `xn` (unfused), or the raw residual stream in `x` (fused; the LM
+    /// head normalises it, see [`LlamaModel::head`]).
     fn layers(&self, gpu: &Gpu, a: &Activations, ids: &Tensor, t: usize) -> Result<Vec<Dispatch>> {
         let c = &self.cfg;
         let eps = c.rms_eps as f32;
         let mut d = embedding(gpu, &self.w.embed, ids, &a.x, &Default::default())?;
-        d.push(rmsnorm(
-            gpu,
-            &a.x,
-            &self.w.layers[0].attn_norm,
-            &a.xn,
-            eps,
-            RowVariant::Auto,
-        )?);
-        let q4 = a.q.clone();
+        if let Some(u) = &a.unfused {
+            d.push(rmsnorm(
+                gpu,
+                &a.x,
+                &self.w.layers[0].attn_norm,
+                &u.xn,
+                eps,
+                RowVariant::Auto,
+            )?);
+        }
         for (l, lw) in self.w.layers.iter().enumerate() {
             let (k, v) = &self.kv[l];
-            d.extend(self.linear(gpu, &a.xn, &lw.qkv, &a.qkv)?);
+            match &a.unfused {
+                Some(u) => d.extend(self.linear(gpu, &u.xn, &lw.qkv, &a.qkv)?),
+                None => d.extend(self.linear_fused(
+                    gpu,
+                    &a.x,
+                    &lw.qkv,
+                    &a.qkv,
+                    Fuse {
+                        norm: Some((&lw.attn_norm, eps)),
+                        ..Default::default()
+                    },
+                )?),
+            }
             d.push(qkv_rope(
                 gpu,
                 &QkvRope {
                     qkv: &a.qkv,
-                    q_out: &q4,
+                    q_out: &a.q,
                     k_cache: k,
                     v_cache: v,
                     step: &self.step,
@@ -255,7 +349,7 @@ impl LlamaModel {
             )?);
             d.extend(attention(
                 gpu,
-                &q4,
+                &a.q,
                 k,
                 v,
                 &a.attn,
@@ -266,20 +360,39 @@ impl LlamaModel {
                 },
             )?);
             let attn2 = a.attn.reshape(&[t, c.n_heads * c.head_dim])?;
-            d.extend(self.linear(gpu, &attn2, &lw.wo, &a.o)?);
+            let Some(u) = &a.unfused else {
+                // x += O(attn); gu = gate_up(rmsnorm(x)); x += down(swiglu(gu)).
+                let residual = Fuse {
+                    residual: Some(&a.x),
+                    ..Default::default()
+                };
+                d.extend(self.linear_fused(gpu, &attn2, &lw.wo, &a.x, residual)?);
+                let norm = Fuse {
+                    norm: Some((&lw.ffn_norm, eps)),
+                    ..Default::default()
+                };
+                d.extend(self.linear_fused(gpu, &a.x, &lw.gate_up, &a.gu, norm)?);
+                let swiglu = Fuse {
+                    swiglu: true,
+                    ..residual
+                };
+                d.extend(self.linear_fused(gpu, &a.gu, &lw.down, &a.x, swiglu)?);
+                continue;
+            };
+            d.extend(self.linear(gpu, &attn2, &lw.wo, &u.o)?);
             d.push(add_rmsnorm(
                 gpu,
                 &a.x,
-                &a.o,
+                &u.o,
                 &lw.ffn_norm,
                 &a.x,
-                &a.xn,
+                &u.xn,
                 eps,
                 RowVariant::Auto,
             )?);
-            d.extend(self.linear(gpu, &a.xn, &lw.gate_up, &a.gu)?);
-            d.push(swiglu(gpu, &a.gu, &a.act)?);
-            d.extend(self.linear(gpu, &a.act, &lw.down, &a.down)?);
+            d.extend(self.linear(gpu, &u.xn, &lw.gate_up, &a.gu)?);
+            d.push(swiglu(gpu, &a.gu, &u.act)?);
+            d.extend(self.linear(gpu, &u.act, &lw.down, &u.down)?);
             let next = self
                 .w
                 .layers
@@ -288,15 +401,39 @@ impl LlamaModel {
             d.push(add_rmsnorm(
                 gpu,
                 &a.x,
-                &a.down,
+                &u.down,
                 next,
                 &a.x,
-                &a.xn,
+                &u.xn,
                 eps,
                 RowVariant::Auto,
             )?);
         }
         Ok(d)
+    }
+
+    /// Logits of rows `rows` of the stage into `out`: the LM head on the final-normed states, or (fused)
+    /// on the residual stream with the final norm as its prologue.
+    fn head(
+        &self,
+        gpu: &Gpu,
+        a: &Activations,
+        rows: std::ops::Range<usize>,
+        out: &Tensor,
+    ) -> Result<Vec<Dispatch>> {
+        match &a.unfused {
+            Some(u) => self.linear(gpu, &u.xn.rows(rows.start, rows.end)?, &self.w.lm_head, out),
+            None => self.linear_fused(
+                gpu,
+                &a.x.rows(rows.start, rows.end)?,
+                &self.w.lm_head,
+                out,
+                Fuse {
+                    norm: Some((&self.w.norm, self.cfg.rms_eps as f32)),
+                    ..Default::default()
+                },
+            ),
+        }
     }
 
     /// One decode step: the token at `ids[pos]` in, logits and the greedy id (`ids[pos + 1]`) out.
@@ -307,7 +444,7 @@ impl LlamaModel {
         // into place (the argmax writes it there directly when greedy).
         let ids = self.ids.view(0, &[1])?;
         p.extend(self.layers(gpu, a, &ids, 1)?);
-        p.extend(self.linear(gpu, &a.xn, &self.w.lm_head, &self.logits)?);
+        p.extend(self.head(gpu, a, 0..1, &self.logits)?);
         Ok(p)
     }
 
@@ -344,7 +481,7 @@ impl LlamaModel {
         all_logits: bool,
     ) -> Result<(Program, Option<Tensor>)> {
         let io = self.w.dtype;
-        let a = Activations::new(gpu, &self.cfg, t, io)?;
+        let a = Activations::new(gpu, &self.cfg, t, io, self.fused(t))?;
         let ids = self.ids.view(0, &[t])?;
         let mut p = Program::new();
         p.extend(self.layers(gpu, &a, &ids, t)?);
@@ -355,11 +492,10 @@ impl LlamaModel {
                 DType::F32,
                 Category::Activations,
             )?;
-            p.extend(self.linear(gpu, &a.xn, &self.w.lm_head, &l)?);
+            p.extend(self.head(gpu, &a, 0..t, &l)?);
             Some(l)
         } else {
-            let last = a.xn.rows(t - 1, t)?;
-            p.extend(self.linear(gpu, &last, &self.w.lm_head, &self.logits)?);
+            p.extend(self.head(gpu, &a, t - 1..t, &self.logits)?);
             None
         };
         Ok((p, logits))
@@ -374,4 +510,19 @@ impl LlamaModel {
         }
         Ok(())
     }
+}
+
+/// Whether every projection of a `t`-row stage runs as matrix-vector products (what the fused stage
+/// needs).
+fn fusable(w: &LlamaWeights, t: usize) -> bool {
+    w.layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+        .chain([&w.lm_head])
+        .all(|l| matvec_rows(l, t))
+}
+
+/// Whether a product of `rows` rows with `w` uses the matrix-vector kernels.
+fn matvec_rows(w: &Linear, rows: usize) -> bool {
+    rows <= MATVEC_MAX_ROWS && (w.parts.len() == 1 || rows == 1)
 }

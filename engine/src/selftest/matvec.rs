@@ -1,6 +1,8 @@
 //! Checks for the matvec kernels: K not a multiple of any vector width, N not a multiple of the rows
 //! per workgroup, batch 1 and 3, f32 and f16 weights (and activations), bias, views at offsets,
-//! sharded weights, subgroup and workgroup-memory reductions.
+//! sharded weights, subgroup and workgroup-memory reductions; and the fused prologues / epilogues
+//! (RMSNorm or SwiGLU of the input, residual add, separate or in place) against the unfused f64
+//! reference ([`Fuse`], shared with the quantized checks).
 
 use super::matmul::dot_atol;
 use super::{Check, Rng, compare, random, store_rtol};
@@ -9,8 +11,175 @@ use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::matvec::{MatvecOptions, MatvecVariant, matvec};
 use crate::memory::Category;
+use crate::reference::elementwise::silu;
 use crate::reference::matmul as r;
-use crate::tensor::DType;
+use crate::reference::norm::rmsnorm;
+use crate::tensor::{DType, Tensor};
+
+/// Where a fused check's residual comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Residual {
+    #[default]
+    None,
+    /// Its own tensor (out poisoned).
+    Separate,
+    /// `out` itself, holding the residual before the dispatch (the decode residual stream).
+    InPlace,
+}
+
+/// The fused prologue / epilogue of a check ([`MatvecOptions`]'s `norm`, `swiglu`, `residual`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fuse {
+    /// RMSNorm of the input with a norm weight of this dtype, at element `g_offset` of its buffer.
+    pub norm: Option<DType>,
+    pub g_offset: usize,
+    /// x rows are `[gate | up]` (2K) and the input is `silu(gate) * up`.
+    pub swiglu: bool,
+    pub residual: Residual,
+}
+
+const NORM_EPS: f32 = 1e-5;
+
+impl Fuse {
+    pub fn is_some(&self) -> bool {
+        *self != Fuse::default()
+    }
+
+    /// Length of an x row for a weight with rows of `k`.
+    pub fn x_len(&self, k: usize) -> usize {
+        if self.swiglu { 2 * k } else { k }
+    }
+
+    /// Label for check names.
+    pub fn label(&self) -> String {
+        let mut s = String::new();
+        if let Some(d) = self.norm {
+            s += &format!(" +norm({d:?}@{})", self.g_offset);
+        }
+        if self.swiglu {
+            s += " +swiglu";
+        }
+        match self.residual {
+            Residual::None => {}
+            Residual::Separate => s += " +residual",
+            Residual::InPlace => s += " +residual in place",
+        }
+        s
+    }
+}
+
+/// A check's fusion tensors on the GPU and their values. Building it fills `out`: the residual
+/// values when the residual is in place, NaN poison otherwise.
+pub(crate) struct FuseTensors {
+    fuse: Fuse,
+    g: Option<Tensor>,
+    gv: Vec<f32>,
+    resid: Option<Tensor>,
+    rv: Vec<f32>,
+}
+
+impl FuseTensors {
+    pub fn new(
+        gpu: &Gpu,
+        rng: &mut Rng,
+        fuse: Fuse,
+        k: usize,
+        out: &Tensor,
+    ) -> Result<FuseTensors> {
+        let mut t = FuseTensors {
+            fuse,
+            g: None,
+            gv: Vec::new(),
+            resid: None,
+            rv: Vec::new(),
+        };
+        if let Some(gd) = fuse.norm {
+            let full = random(rng, fuse.g_offset + k, 0.5, 1.5, gd);
+            let g = gpu.tensor_from_f32("g", &[full.len()], gd, &full, Category::Weights)?;
+            t.g = Some(g.view(fuse.g_offset, &[k])?);
+            t.gv = full[fuse.g_offset..].to_vec();
+        }
+        if fuse.residual != Residual::None {
+            t.rv = random(rng, out.numel(), -1.0, 1.0, out.dtype);
+        }
+        match fuse.residual {
+            Residual::InPlace => gpu.write_tensor_f32(out, &t.rv)?,
+            Residual::Separate => {
+                t.resid = Some(gpu.tensor_from_f32(
+                    "residual",
+                    &out.shape,
+                    out.dtype,
+                    &t.rv,
+                    Category::Activations,
+                )?);
+                gpu.poison(out)?;
+            }
+            Residual::None => gpu.poison(out)?,
+        }
+        Ok(t)
+    }
+
+    /// `base` with this check's fusions (`out`: the dispatch's output, the in-place residual).
+    pub fn options<'a>(&'a self, out: &'a Tensor, base: MatvecOptions<'a>) -> MatvecOptions<'a> {
+        MatvecOptions {
+            norm: self.g.as_ref().map(|g| (g, NORM_EPS)),
+            swiglu: self.fuse.swiglu,
+            residual: match self.fuse.residual {
+                Residual::None => None,
+                Residual::Separate => self.resid.as_ref(),
+                Residual::InPlace => Some(out),
+            },
+            ..base
+        }
+    }
+
+    /// The unfused f64 reference: `out = residual + prologue(x) @ w^T + bias` with `w` `[n, k]` (as
+    /// the kernel sees it), `x` `[batch, x_len(k)]`; and the largest `sum_k |w prologue(x)|` (the
+    /// scale of the f32 dot products' rounding error).
+    pub fn reference(
+        &self,
+        w: &[f32],
+        x: &[f32],
+        bias: Option<&[f32]>,
+        batch: usize,
+        n: usize,
+        k: usize,
+    ) -> (Vec<f64>, f64) {
+        let xin: Vec<f64> = if self.fuse.swiglu {
+            x.chunks(2 * k)
+                .flat_map(|row| (0..k).map(|i| silu(row[i] as f64) * row[k + i] as f64))
+                .collect()
+        } else if self.fuse.norm.is_some() {
+            rmsnorm(x, &self.gv, k, NORM_EPS as f64)
+        } else {
+            x.iter().map(|&v| v as f64).collect()
+        };
+        let mut out = vec![0.0; batch * n];
+        let mut scale = 0.0f64;
+        for b in 0..batch {
+            for r in 0..n {
+                let (mut acc, mut abs) = (0.0, 0.0);
+                for i in 0..k {
+                    let t = w[r * k + i] as f64 * xin[b * k + i];
+                    acc += t;
+                    abs += t.abs();
+                }
+                scale = scale.max(abs);
+                out[b * n + r] = acc
+                    + bias.map_or(0.0, |v| v[r] as f64)
+                    + self.rv.get(b * n + r).map_or(0.0, |&v| v as f64);
+            }
+        }
+        (out, scale)
+    }
+}
+
+/// Tolerance of a fused output: f32 accumulation, plus the norm's reduced sum of squares and
+/// inverseSqrt (a few ulp) or SwiGLU's exp and division (a few ulp per input) relative to the
+/// products' magnitude `scale`.
+pub(crate) fn fused_atol(scale: f64) -> f64 {
+    5e-7 * scale + 1e-6
+}
 
 /// One matvec check.
 #[derive(Clone, Copy, Debug)]
@@ -27,6 +196,7 @@ pub struct Case {
     pub x_offset: usize,
     pub variant: MatvecVariant,
     pub max_shard_bytes: Option<u64>,
+    pub fuse: Fuse,
 }
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
@@ -53,6 +223,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 x_offset: 0,
                 variant,
                 max_shard_bytes: None,
+                fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
             // costs lavapipe a fraction of a second to compile: batch-1 scalar loads always come
@@ -124,14 +295,109 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check(gpu, rng, &case)?);
             }
         }
+        // The decode fusions, on the decode weight dtype (f16 where the device has it).
+        let w_dtype = *wdtypes.last().expect("f32 at least");
+        let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+        for case in fused_cases(w_dtype, io, variant) {
+            out.push(check(gpu, rng, &case)?);
+        }
     }
     Ok(out)
 }
 
+/// The fused cases as a decoder layer uses them (QKV / gate-up: norm of the f32 residual stream;
+/// O: residual in place; down: SwiGLU of the `io` gate-up output and residual in place), plus
+/// separate residuals, batch rows, scalar loads (K of no vector width, g and x at odd offsets),
+/// bias and row shards.
+fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
+    let c = |batch, n, k, x_dtype, fuse| Case {
+        batch,
+        n,
+        k,
+        w_dtype,
+        x_dtype,
+        out_dtype: DType::F32,
+        bias: false,
+        w_offset: 0,
+        x_offset: 0,
+        variant,
+        max_shard_bytes: None,
+        fuse,
+    };
+    let norm = |gd| Fuse {
+        norm: Some(gd),
+        ..Fuse::default()
+    };
+    let in_place = Fuse {
+        residual: Residual::InPlace,
+        ..Fuse::default()
+    };
+    let swiglu_res = Fuse {
+        swiglu: true,
+        residual: Residual::InPlace,
+        ..Fuse::default()
+    };
+    vec![
+        // QKV: norm into an f32 output.
+        c(1, 37, 256, DType::F32, norm(DType::F32)),
+        // gate-up: norm into the io dtype, f16 norm weight at an odd offset, bias.
+        Case {
+            out_dtype: io,
+            bias: true,
+            ..c(
+                1,
+                41,
+                256,
+                DType::F32,
+                Fuse {
+                    g_offset: 1,
+                    ..norm(io)
+                },
+            )
+        },
+        // Batch rows with scalar loads (K = 130).
+        c(3, 19, 130, DType::F32, norm(DType::F32)),
+        // O: residual in place, io input.
+        c(1, 37, 256, io, in_place),
+        // A separate residual with bias, batch rows.
+        Case {
+            bias: true,
+            ..c(
+                3,
+                33,
+                64,
+                DType::F32,
+                Fuse {
+                    residual: Residual::Separate,
+                    ..Fuse::default()
+                },
+            )
+        },
+        // down: SwiGLU of the io gate-up rows, residual in place; batch rows with scalar loads.
+        c(1, 37, 256, io, swiglu_res),
+        c(3, 9, 130, io, swiglu_res),
+        // Row shards: every shard sees all of K.
+        Case {
+            max_shard_bytes: Some(4096),
+            ..c(
+                1,
+                45,
+                256,
+                DType::F32,
+                Fuse {
+                    residual: Residual::Separate,
+                    ..norm(DType::F32)
+                },
+            )
+        },
+    ]
+}
+
 pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     let (batch, n, k) = (c.batch, c.n, c.k);
+    let xk = c.fuse.x_len(k);
     let wv = random(rng, c.w_offset + n * k, -1.0, 1.0, c.w_dtype);
-    let xv = random(rng, c.x_offset + batch * k, -1.0, 1.0, c.x_dtype);
+    let xv = random(rng, c.x_offset + batch * xk, -1.0, 1.0, c.x_dtype);
     let bv = random(rng, n, -1.0, 1.0, c.out_dtype);
     let w_full = gpu.tensor_from_f32(
         "w",
@@ -143,36 +409,42 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     let w = w_full.view(c.w_offset, &[n, k])?;
     let x_full = gpu.tensor_from_f32(
         "x",
-        &[c.x_offset + batch * k],
+        &[c.x_offset + batch * xk],
         c.x_dtype,
         &xv,
         Category::Activations,
     )?;
-    let x = x_full.view(c.x_offset, &[batch, k])?;
+    let x = x_full.view(c.x_offset, &[batch, xk])?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
     let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
-    gpu.poison(&o)?;
-    let opts = MatvecOptions {
-        bias: c.bias.then_some(&bias),
-        variant: c.variant,
-        max_shard_bytes: c.max_shard_bytes,
-    };
+    let fused = FuseTensors::new(gpu, rng, c.fuse, k, &o)?;
+    let opts = fused.options(
+        &o,
+        MatvecOptions {
+            bias: c.bias.then_some(&bias),
+            variant: c.variant,
+            max_shard_bytes: c.max_shard_bytes,
+            ..Default::default()
+        },
+    );
     let mut prog = Program::new();
     prog.extend(matvec(gpu, &w, &x, &o, &opts)?);
     let dispatches = prog.len();
     prog.run(gpu)?;
-    let want = r::matvec(
-        &wv[c.w_offset..],
-        &xv[c.x_offset..],
-        c.bias.then_some(&bv[..]),
-        batch,
-        n,
-        k,
-    );
+    let bias_v = c.bias.then_some(&bv[..]);
+    let (want, atol) = if c.fuse.is_some() {
+        let (want, scale) =
+            fused.reference(&wv[c.w_offset..], &xv[c.x_offset..], bias_v, batch, n, k);
+        (want, fused_atol(scale))
+    } else {
+        let want = r::matvec(&wv[c.w_offset..], &xv[c.x_offset..], bias_v, batch, n, k);
+        (want, dot_atol(k))
+    };
     let mut name = format!(
-        "matvec {:?} {batch}x[{n}, {k}]{} w {:?} x {:?} out {:?}",
+        "matvec {:?} {batch}x[{n}, {k}]{}{} w {:?} x {:?} out {:?}",
         c.variant,
         if c.bias { " +bias" } else { "" },
+        c.fuse.label(),
         c.w_dtype,
         c.x_dtype,
         c.out_dtype
@@ -187,7 +459,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         name,
         &gpu.read_f32(&o)?,
         &want,
-        dot_atol(k),
+        atol,
         store_rtol(c.out_dtype),
     ))
 }

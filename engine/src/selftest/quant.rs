@@ -2,12 +2,14 @@
 //! value is a product that f32 holds exactly, plus at most one rounding, as in the reference) and
 //! matrix-vector products (f32 accumulation against the f64 product of the dequantized weights), on
 //! random valid blocks, with poisoned outputs, odd N, K of several blocks, batch 1, 3 and 8, bias,
-//! views at offsets (weights starting mid-word), row shards, both reductions and f16 activations.
+//! views at offsets (weights starting mid-word), row shards, both reductions and f16 activations; and
+//! the fused decode prologues / epilogues (RMSNorm, SwiGLU, residual) on Q8_0, Q4_0, Q4_K and Q6_K.
 //! The CPU dequantization itself is checked against gguf-py's in the tests (fixtures), and
 //! [`fixture_checks`] runs the GPU kernels on those fixtures.
 
 use rand::Rng as _;
 
+use super::matvec::{Fuse, FuseTensors, Residual, fused_atol};
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
@@ -64,6 +66,7 @@ pub struct Case {
     pub variant: MatvecVariant,
     pub max_shard_bytes: Option<u64>,
     pub tuning: QuantTuning,
+    pub fuse: Fuse,
 }
 
 impl Case {
@@ -81,6 +84,7 @@ impl Case {
             variant,
             max_shard_bytes: None,
             tuning: QuantTuning::default(),
+            fuse: Fuse::default(),
         }
     }
 }
@@ -191,6 +195,11 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 },
             )?);
         }
+        if matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4K | DType::Q6K) {
+            for c in fused_cases(gpu, dtype, k, sg, full) {
+                out.push(check_matvec(gpu, rng, &c)?);
+            }
+        }
         out.push(check_dequantize(gpu, rng, dtype, 5, k, 0, DType::F32, 4)?);
         out.push(check_dequantize(
             gpu,
@@ -207,6 +216,61 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         }
     }
     Ok(out)
+}
+
+/// The decode fusions on one block type (see [`super::matvec`]'s fused cases): the norm prologue
+/// (QKV, gate-up), the residual in place (O), SwiGLU with the residual in place (down), at batch 1
+/// with the default reduction and at batch 3 with the workgroup one and scalar x loads; with `more`,
+/// an f16 norm weight at an odd offset with bias, a separate residual and row shards.
+fn fused_cases(gpu: &Gpu, dtype: DType, k: usize, sg: MatvecVariant, more: bool) -> Vec<Case> {
+    let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+    let fuse = |norm, swiglu, residual| Fuse {
+        norm,
+        g_offset: 0,
+        swiglu,
+        residual,
+    };
+    let c = |batch, variant, fuse| Case {
+        fuse,
+        ..Case::new(dtype, batch, 37, k, variant)
+    };
+    let wg = MatvecVariant::Workgroup;
+    let mut cases = vec![
+        c(1, sg, fuse(Some(DType::F32), false, Residual::None)),
+        Case {
+            x_dtype: io,
+            ..c(1, sg, fuse(None, false, Residual::InPlace))
+        },
+        Case {
+            x_dtype: io,
+            ..c(1, sg, fuse(None, true, Residual::InPlace))
+        },
+        Case {
+            x_offset: 3,
+            ..c(3, wg, fuse(Some(DType::F32), false, Residual::None))
+        },
+        Case {
+            x_dtype: io,
+            x_offset: 3,
+            ..c(3, wg, fuse(None, true, Residual::InPlace))
+        },
+    ];
+    if more {
+        cases.push(Case {
+            bias: true,
+            out_dtype: io,
+            max_shard_bytes: Some(8 * dtype.bytes_for(k).unwrap_or(0) + 256),
+            ..c(
+                2,
+                MatvecVariant::Auto,
+                Fuse {
+                    g_offset: 1,
+                    ..fuse(Some(io), false, Residual::Separate)
+                },
+            )
+        });
+    }
+    cases
 }
 
 /// Uploads `bytes` (`[rows_before + n, k]` blocks) and returns the view of the last `n` rows.
@@ -240,37 +304,50 @@ fn run_matvec(
     label: &str,
 ) -> Result<Check> {
     let (batch, n, k) = (c.batch, c.n, c.k);
+    let xk = c.fuse.x_len(k);
     let w = upload_weight(gpu, c.dtype, bytes, c.w_rows_before, n, k)?;
-    let xv = random(rng, c.x_offset + batch * k, -1.0, 1.0, c.x_dtype);
+    let xv = random(rng, c.x_offset + batch * xk, -1.0, 1.0, c.x_dtype);
     let bv = random(rng, n, -1.0, 1.0, c.out_dtype);
     let x_full = gpu.tensor_from_f32(
         "x",
-        &[c.x_offset + batch * k],
+        &[c.x_offset + batch * xk],
         c.x_dtype,
         &xv,
         Category::Activations,
     )?;
-    let x = x_full.view(c.x_offset, &[batch, k])?;
+    let x = x_full.view(c.x_offset, &[batch, xk])?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
     let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
-    gpu.poison(&o)?;
-    let opts = MatvecOptions {
-        bias: c.bias.then_some(&bias),
-        variant: c.variant,
-        max_shard_bytes: c.max_shard_bytes,
-    };
+    let fused = FuseTensors::new(gpu, rng, c.fuse, k, &o)?;
+    let opts = fused.options(
+        &o,
+        MatvecOptions {
+            bias: c.bias.then_some(&bias),
+            variant: c.variant,
+            max_shard_bytes: c.max_shard_bytes,
+            ..Default::default()
+        },
+    );
     let mut prog = Program::new();
     prog.extend(matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?);
     let dispatches = prog.len();
     prog.run(gpu)?;
     let xs = &xv[c.x_offset..];
-    let want = r::matvec(deq, xs, c.bias.then_some(&bv[..]), batch, n, k);
-    let scale = r::abs_dot_max(deq, xs, batch, n, k);
+    let bias_v = c.bias.then_some(&bv[..]);
+    // f32 accumulation: rounding error relative to sum |w x|.
+    let (want, atol) = if c.fuse.is_some() {
+        let (want, scale) = fused.reference(deq, xs, bias_v, batch, n, k);
+        (want, fused_atol(scale))
+    } else {
+        let scale = r::abs_dot_max(deq, xs, batch, n, k);
+        (r::matvec(deq, xs, bias_v, batch, n, k), 3e-7 * scale + 1e-7)
+    };
     let mut name = format!(
-        "matvec {:?} {label}{:?} {batch}x[{n}, {k}]{} x {:?} out {:?} r{}u{}{}",
+        "matvec {:?} {label}{:?} {batch}x[{n}, {k}]{}{} x {:?} out {:?} r{}u{}{}",
         c.dtype,
         c.variant,
         if c.bias { " +bias" } else { "" },
+        c.fuse.label(),
         c.x_dtype,
         c.out_dtype,
         c.tuning.rows_per_team,
@@ -283,12 +360,11 @@ fn run_matvec(
     if c.max_shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
     }
-    // f32 accumulation: rounding error relative to sum |w x|.
     Ok(compare(
         name,
         &gpu.read_f32(&o)?,
         &want,
-        3e-7 * scale + 1e-7,
+        atol,
         store_rtol(c.out_dtype),
     ))
 }

@@ -103,24 +103,7 @@ fn matmul_and_matvec_specialisations_compile() {
             }
         }
     }
-    let matvec_src = drift_engine::shader!("matvec.wgsl");
-    for (tx, to) in [("f32", "f32"), ("f16", "f16"), ("f32", "f16")] {
-        for (nb, wg) in [("1", "256"), ("8", "256"), ("3", "64")] {
-            for d in combos(
-                &[
-                    ("TX", tx),
-                    ("TO", to),
-                    ("TB", "f16"),
-                    ("F16", "1"),
-                    ("NB", nb),
-                    ("WG", wg),
-                ],
-                &["WF16", "VEC", "SG", "BIAS"],
-            ) {
-                to_spirv("matvec", matvec_src, &d);
-            }
-        }
-    }
+    // matvec.wgsl (with matvec_fuse.wgsl appended): matvec::matvec_specialisations_compile.
 }
 
 /// Fills a tensor with pseudo-random values in [-1, 1): a 4 MiB block of an LCG, encoded once and

@@ -1,4 +1,5 @@
 use crate::common::run_checks;
+use drift_engine::Tensor;
 use drift_engine::selftest::matvec;
 
 #[test]
@@ -67,6 +68,188 @@ fn bench_matvec() {
                 "BENCH matvec {batch}x[{n}, {k}] {wd:?} {variant:?} [{name}]: {us:.1} us, {:.0} GB/s",
                 gb / us * 1e6
             );
+        }
+    }
+}
+
+/// The fusion options' shape errors are errors, not panics or silent misreads.
+#[test]
+fn matvec_fusion_options_are_checked() {
+    use drift_engine::kernels::matvec::{MatvecOptions, matvec};
+    use drift_engine::kernels::quant::matvec_quant;
+    use drift_engine::{Category, DType};
+    let gpu = crate::common::gpu();
+    let t = |shape: &[usize]| {
+        gpu.tensor("t", shape, DType::F32, Category::Activations)
+            .unwrap()
+    };
+    let (w, x, out) = (t(&[16, 32]), t(&[1, 32]), t(&[1, 16]));
+    let (g, g_short, gu) = (t(&[32]), t(&[31]), t(&[1, 64]));
+    let (res_bad, big) = (t(&[1, 15]), t(&[40]));
+    let partial = big.view(4, &[1, 16]).unwrap();
+    let out_in_big = big.view(0, &[1, 16]).unwrap();
+    let cases: Vec<(&Tensor, &Tensor, MatvecOptions, &str)> = vec![
+        (
+            &x,
+            &out,
+            MatvecOptions {
+                norm: Some((&g_short, 1e-5)),
+                ..Default::default()
+            },
+            "norm weight",
+        ),
+        (
+            &x,
+            &out,
+            MatvecOptions {
+                norm: Some((&g, f32::NAN)),
+                ..Default::default()
+            },
+            "eps",
+        ),
+        (
+            &gu,
+            &out,
+            MatvecOptions {
+                norm: Some((&g, 1e-5)),
+                swiglu: true,
+                ..Default::default()
+            },
+            "do not combine",
+        ),
+        (
+            &x,
+            &out,
+            MatvecOptions {
+                swiglu: true,
+                ..Default::default()
+            },
+            "do not fit",
+        ),
+        (
+            &x,
+            &out,
+            MatvecOptions {
+                residual: Some(&res_bad),
+                ..Default::default()
+            },
+            "shape of out",
+        ),
+        (
+            &x,
+            &out_in_big,
+            MatvecOptions {
+                residual: Some(&partial),
+                ..Default::default()
+            },
+            "partly overlaps",
+        ),
+    ];
+    for (x, out, opts, want) in cases {
+        for e in [
+            matvec(gpu, &w, x, out, &opts).unwrap_err(),
+            matvec_quant(gpu, &w, x, out, &opts).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains(want), "{want}: {e}");
+        }
+    }
+    // The valid combinations build.
+    matvec(
+        gpu,
+        &w,
+        &gu,
+        &out,
+        &MatvecOptions {
+            swiglu: true,
+            residual: Some(&out),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    matvec(
+        gpu,
+        &w,
+        &x,
+        &out,
+        &MatvecOptions {
+            norm: Some((&g, 1e-5)),
+            residual: Some(&out),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+/// Every specialisation of the matrix-vector kernels with their fused prologues / epilogues (f16 paths,
+/// subgroup sizes and combinations lavapipe's checks do not reach) parses, validates and writes SPIR-V.
+#[test]
+fn matvec_specialisations_compile() {
+    use crate::spirv::{combos, to_spirv};
+    let src = concat!(
+        drift_engine::shader!("matvec.wgsl"),
+        drift_engine::shader!("matvec_fuse.wgsl")
+    );
+    let quant_src = concat!(
+        drift_engine::shader!("matvec_quant.wgsl"),
+        drift_engine::shader!("dequant.wgsl"),
+        drift_engine::shader!("matvec_fuse.wgsl")
+    );
+    // The prologue: none, RMSNorm or SwiGLU (exclusive).
+    let prologues = [("0", "0"), ("1", "0"), ("0", "1")];
+    let fixed = |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str| {
+        d.extend([
+            ("TB", "f16".to_string()),
+            ("TG", "f32".into()),
+            ("TR", "f32".into()),
+            ("NORM_B", "5".into()),
+            ("RES_B", "6".into()),
+            ("NORM", norm.into()),
+            ("SWIGLU", swiglu.into()),
+            ("F16", "1".into()),
+        ]);
+    };
+    for (tx, to) in [
+        ("f32", "f32"),
+        ("f16", "f16"),
+        ("f16", "f32"),
+        ("f32", "f16"),
+    ] {
+        for (nb, wg) in [("1", "256"), ("8", "256"), ("3", "64")] {
+            for (norm, swiglu) in prologues {
+                for mut d in combos(
+                    &[("TX", tx), ("TO", to), ("NB", nb), ("WG", wg)],
+                    &["WF16", "VEC", "SG", "BIAS", "RES", "GV4"],
+                ) {
+                    let vec = d.iter().find(|(k, _)| *k == "VEC").unwrap().1.clone();
+                    d.push(("XV4", vec));
+                    fixed(&mut d, norm, swiglu);
+                    to_spirv("matvec", src, &d);
+                }
+            }
+        }
+    }
+    for ty in ["Q4_0", "Q6K"] {
+        for (nb, r) in [("1", "2"), ("3", "1")] {
+            for (norm, swiglu) in prologues {
+                for mut d in combos(
+                    &[
+                        (ty, "1"),
+                        ("ALIGNED", "1"),
+                        ("TX", "f16"),
+                        ("TO", "f32"),
+                        ("NB", nb),
+                        ("R", r),
+                        ("U", "2"),
+                        ("UREM", "1"),
+                        ("WG", "256"),
+                        ("MIN", "0"),
+                    ],
+                    &["SG", "XV4", "BIAS", "RES", "GV4"],
+                ) {
+                    fixed(&mut d, norm, swiglu);
+                    to_spirv("matvec_quant", quant_src, &d);
+                }
+            }
         }
     }
 }
