@@ -9,13 +9,15 @@
 // A workgroup computes 128 channels x 128 pixels. With 4 subgroups (128 invocations) subgroup q owns the
 // 64 x 64 quadrant (q / 2, q % 2) as 4 x 4 accumulators of 16 x 16; with SG8, 8 subgroups (256
 // invocations) each own 32 channels x 64 pixels (rows (q / 2) * 32, columns (q % 2) * 64) as 2 x 4
-// accumulators: half the accumulator registers per invocation, and the staging loads spread over
-// twice the invocations (4 vec4 of each operand instead of 8). Per K step of 32 the weight tile
-// (128 x 32, rows of K) and the gathered input tile (32 x 128, rows of pixels) are staged in workgroup
-// memory as vec4<f16>, rows padded so that 16-row matrix loads spread over the banks; the next step's
-// values are fetched into registers while this one is multiplied. Values outside the image (padding),
-// past O, past the last pixel or past the K range are zeros. The results leave through an f32 staging
-// area so every store is guarded and gets its bias, residual and conversion per element.
+// accumulators: half the accumulator registers per invocation. Per K step of BK (32; BK64: 64) the
+// weight tile (128 x BK, rows of K) and the gathered input tile (BK x 128, rows of pixels) are staged in
+// workgroup memory as vec4<f16>, rows padded so that 16-row matrix loads spread over the banks. Each
+// invocation stages 4 (ST8: 8) vec4 of each operand per step. Unless NOPREFETCH, the next step's values
+// are fetched into registers while this one is multiplied; with NOPREFETCH they are loaded and stored
+// after the barrier that ends the step (fewer live registers: what limits these kernels on the H200).
+// Values outside the image (padding), past O, past the last pixel or past the K range are zeros. The
+// results leave through an f32 staging area so every store is guarded and gets its bias, residual and
+// conversion per element.
 // With split-K (SPLIT) each workgroup reduces one K range into an f32 scratch [splits, N, O, Ho, Wo]; the
 // `conv2d_reduce` entry point of conv.wgsl then adds the ranges, the bias and the residual.
 //
@@ -29,8 +31,12 @@
 // - 128 (SG8: 256) invocations are exactly 4 (8) subgroups: the host selects this kernel only with
 //   subgroups of 32.
 // EMULATE replaces the cooperative matrices by plain f32 FMAs over the same staged tiles (each invocation
-// owns 8 of each 16 x 16 accumulator's values), so the gather, the tiling and the epilogue of either
-// layout run and are checked on devices without tensor cores; it needs no subgroups.
+// owns 8 of each 16 x 16 accumulator's values), so the gather, the tiling and the epilogue of every
+// layout run and are checked on devices without tensor cores; it needs no subgroups. LEAN (with
+// EMULATE only) drops the row padding and the staging area (the emulated accumulators go straight to
+// `emit`) so that the BK64 tiles fit in 32 KiB of workgroup memory (lavapipe's): the staging loads, the
+// K loop and the K-range ends of BK64 are then still checked there, its f32 staging area is not (it
+// is the same as BK32's, which is).
 //
 // Specialisation:
 //   TX, TW, TB  element types of x/out/residual, w, bias (f32|f16); operands are rounded to f16 on load
@@ -40,11 +46,15 @@
 //   VA          w read as vec4 (K % 4 == 0, offset aligned)
 //   VO          out, residual and scratch accessed as vec4 (Ho*Wo % 4 == 0, offsets aligned)
 //   SG8         8 subgroups of 32 x 64 instead of 4 of 64 x 64 (see above)
+//   BK64        K steps of 64 instead of 32 (with SG8 only): twice the work per global round trip and
+//               per barrier pair
+//   ST8         8 staged vec4 per operand and invocation instead of 4 (set by the host: not SG8, or BK64)
+//   NOPREFETCH  no register prefetch of the next K step (see above)
 //   EPI4        stage 4 accumulators per subgroup at a time (16 KiB) instead of 1 (4 KiB; SG8: 8 KiB);
 //               never with SG8 (32 KiB: over 48 KiB of workgroup memory with the 18.5 KiB of tiles)
 //   SPLIT       write f32 partial sums of this workgroup's K range into the scratch
 //   BIAS, RES   fused bias / residual at bindings B_BIAS / B_RES, base offsets OFF_BIAS / OFF_RES
-//   EMULATE     see above
+//   EMULATE, LEAN  see above
 enable f16;
 #ifnot EMULATE
 enable wgpu_cooperative_matrix;
@@ -54,7 +64,7 @@ struct Params {
     offs: array<vec4<u32>, 2>,
     c: u32, h: u32, w: u32, o: u32,
     wo: u32, hw_out: u32, pixels: u32, k: u32,
-    // Channel tiles, tiles per split, workgroups in all, K per split (a multiple of 32).
+    // Channel tiles, tiles per split, workgroups in all, K per split (a multiple of 64).
     tiles_m: u32, tiles: u32, groups: u32, k_split: u32,
     // Elements of one split's output, elements of one input image.
     total: u32, chw: u32, pad0: u32, pad1: u32,
@@ -103,13 +113,22 @@ const NSG = WG / 32u; // subgroups
 const MI = SUBM / 16u; // accumulator rows per subgroup
 const BM = 128u; // output channels per workgroup
 const BN = 128u; // output pixels per workgroup
+#if BK64
+const BK = 64u;
+#else
 const BK = 32u;
+#endif
 const KHW: u32 = {{KH}}u * {{KW}}u;
-// Row pitches in vec4<f16>: 10 (80 bytes) for the 32-deep weight rows, 34 (272 bytes) for the 128-wide
-// pixel rows; both keep the 16-byte alignment of cooperative loads and put 8 consecutive rows on
-// different banks.
-const PK = 10u;
+// Row pitches in vec4<f16>: BK / 4 + 2 (80 bytes for 32-deep weight rows, 144 for 64-deep ones) and 34
+// (272 bytes) for the 128-wide pixel rows; each keeps the 16-byte alignment of cooperative loads and
+// puts 8 consecutive rows on different banks. LEAN: unpadded.
+#if LEAN
+const PK = BK / 4u;
+const PN = 32u;
+#else
+const PK = BK / 4u + 2u;
 const PN = 34u;
+#endif
 
 var<workgroup> ws: array<vec4<f16>, BM * PK>; // ws[o][k / 4]
 var<workgroup> xs: array<vec4<f16>, BK * PN>; // xs[k][pixel / 4]
@@ -119,7 +138,9 @@ const EW = 64u; // staged columns per subgroup and round
 #else
 const EW = 16u;
 #endif
+#ifnot LEAN
 var<workgroup> cs: array<f32, NSG * 16u * EW>;
+#endif
 
 // End of this workgroup's K range.
 var<private> k_end: u32;
@@ -197,93 +218,74 @@ fn gather(k: u32) -> vec4<f16> {
 #endif
 
 // Global -> registers for one K step, written out (a loop-indexed private array would live in local
-// memory). The weight tile has 8 vec4 per 32-deep row: invocation lid takes column lid % 8 of channel
-// rows lid / 8 + (WG / 8) i. The input tile has 32 vec4 per 128-pixel row: invocation lid takes pixel
-// group lid % 32 (the pixels `locate` prepared) of K rows lid / 32 + (WG / 32) i.
-#if SG8
-// 256 invocations: 4 vec4 per operand.
-struct Stage {
-    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
-}
-
-fn load_w(lid: u32, m0: u32, k0: u32) -> Stage {
-    let r = m0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
-    return Stage(fetch_w(r, k), fetch_w(r + 32u, k), fetch_w(r + 64u, k), fetch_w(r + 96u, k));
-}
-
-fn store_w(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 32u * PK;
-    ws[o] = s.v0;
-    ws[o + d] = s.v1;
-    ws[o + 2u * d] = s.v2;
-    ws[o + 3u * d] = s.v3;
-}
-
-fn load_x(lid: u32, k0: u32) -> Stage {
-    let k = k0 + lid / 32u;
-    return Stage(gather(k), gather(k + 8u), gather(k + 16u), gather(k + 24u));
-}
-
-fn store_x(lid: u32, s: Stage) {
-    let o = (lid / 32u) * PN + lid % 32u;
-    let d = 8u * PN;
-    xs[o] = s.v0;
-    xs[o + d] = s.v1;
-    xs[o + 2u * d] = s.v2;
-    xs[o + 3u * d] = s.v3;
-}
-#else
-// 128 invocations: 8 vec4 per operand.
+// memory). The weight tile has VPR vec4 per BK-deep row: invocation lid takes column lid % VPR of
+// channel rows lid / VPR + RPP i. The input tile has 32 vec4 per 128-pixel row: invocation lid takes
+// pixel group lid % 32 (the pixels `locate` prepared) of K rows lid / 32 + KPP i. With i < 4 (ST8: 8)
+// that covers both tiles: 4 subgroups stage 8 per operand, 8 subgroups 4 (BK64: 8).
+const VPR = BK / 4u;
+const RPP = WG / VPR;
+const KPP = WG / 32u;
+#if ST8
 struct Stage {
     v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
     v4: vec4<f16>, v5: vec4<f16>, v6: vec4<f16>, v7: vec4<f16>,
 }
+#else
+struct Stage {
+    v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>,
+}
+#endif
 
 fn load_w(lid: u32, m0: u32, k0: u32) -> Stage {
-    let r = m0 + lid / 8u;
-    let k = k0 + (lid % 8u) * 4u;
+    let r = m0 + lid / VPR;
+    let k = k0 + (lid % VPR) * 4u;
     return Stage(
-        fetch_w(r, k), fetch_w(r + 16u, k), fetch_w(r + 32u, k), fetch_w(r + 48u, k),
-        fetch_w(r + 64u, k), fetch_w(r + 80u, k), fetch_w(r + 96u, k), fetch_w(r + 112u, k),
+        fetch_w(r, k), fetch_w(r + RPP, k), fetch_w(r + 2u * RPP, k), fetch_w(r + 3u * RPP, k),
+#if ST8
+        fetch_w(r + 4u * RPP, k), fetch_w(r + 5u * RPP, k), fetch_w(r + 6u * RPP, k), fetch_w(r + 7u * RPP, k),
+#endif
     );
 }
 
 fn store_w(lid: u32, s: Stage) {
-    let o = (lid / 8u) * PK + lid % 8u;
-    let d = 16u * PK;
+    let o = (lid / VPR) * PK + lid % VPR;
+    let d = RPP * PK;
     ws[o] = s.v0;
     ws[o + d] = s.v1;
     ws[o + 2u * d] = s.v2;
     ws[o + 3u * d] = s.v3;
+#if ST8
     ws[o + 4u * d] = s.v4;
     ws[o + 5u * d] = s.v5;
     ws[o + 6u * d] = s.v6;
     ws[o + 7u * d] = s.v7;
+#endif
 }
 
 fn load_x(lid: u32, k0: u32) -> Stage {
     let k = k0 + lid / 32u;
     return Stage(
-        gather(k), gather(k + 4u), gather(k + 8u), gather(k + 12u),
-        gather(k + 16u), gather(k + 20u), gather(k + 24u), gather(k + 28u),
+        gather(k), gather(k + KPP), gather(k + 2u * KPP), gather(k + 3u * KPP),
+#if ST8
+        gather(k + 4u * KPP), gather(k + 5u * KPP), gather(k + 6u * KPP), gather(k + 7u * KPP),
+#endif
     );
 }
 
 fn store_x(lid: u32, s: Stage) {
     let o = (lid / 32u) * PN + lid % 32u;
-    let d = 4u * PN;
+    let d = KPP * PN;
     xs[o] = s.v0;
     xs[o + d] = s.v1;
     xs[o + 2u * d] = s.v2;
     xs[o + 3u * d] = s.v3;
+#if ST8
     xs[o + 4u * d] = s.v4;
     xs[o + 5u * d] = s.v5;
     xs[o + 6u * d] = s.v6;
     xs[o + 7u * d] = s.v7;
-}
 #endif
+}
 
 // Per-pixel constants of the 4 pixels starting at `q0` (their images may differ).
 fn locate(q0: u32) {
@@ -352,6 +354,7 @@ fn emit(o: u32, q: u32, acc: vec4<f32>, base: u32) {
 #endif
 }
 
+#ifnot LEAN
 // Writes the staged 16 x EW blocks of all subgroups: block q covers channels
 // m0 + (q / 2) * SUBM + i * 16 + 0..15 and pixels n0 + (q % 2) * 64 + c0 + 0..EW-1.
 fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, base: u32) {
@@ -369,6 +372,7 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, base: u32) {
         }
     }
 }
+#endif
 
 #ifnot EMULATE
 fn load_wm(i: u32, wm: u32, ks: u32) -> coop_mat16x16<f16, A> {
@@ -430,6 +434,13 @@ fn conv2d_coop(
 #endif
 
     let ksteps = (kend - k_begin + BK - 1u) / BK;
+#if NOPREFETCH
+    for (var t = 0u; t < ksteps; t++) {
+        let k0 = k_begin + t * BK;
+        store_w(lid, load_w(lid, m0, k0));
+        store_x(lid, load_x(lid, k0));
+        workgroupBarrier();
+#else
     var rw = load_w(lid, m0, k_begin);
     var rx = load_x(lid, k_begin);
     for (var t = 0u; t < ksteps; t++) {
@@ -442,6 +453,7 @@ fn conv2d_coop(
             rw = load_w(lid, m0, k1);
             rx = load_x(lid, k1);
         }
+#endif
         for (var ks = 0u; ks < BK / 16u; ks++) {
             let a0 = load_wm(0u, wm, ks);
             let a1 = load_wm(1u, wm, ks);
@@ -556,6 +568,21 @@ fn emulate_step(lane: u32, wm: u32, wn: u32) {
     }
 }
 
+#if LEAN
+// Accumulator (i, j) straight to memory: row lane / 2 of it, columns (lane % 2) * 8 + 0..7 as two
+// groups of 4 (aligned to 4, so with VO each is one vec4 in one image, as in `flush`).
+fn emit_emulated(lane: u32, wm: u32, wn: u32, m0: u32, n0: u32, i: u32, j: u32, base: u32) {
+    let row = m0 + wm * SUBM + i * 16u + lane / 2u;
+    let col = n0 + wn * 64u + j * 16u + (lane % 2u) * 8u;
+    let a = (i * 4u + j) * 8u;
+    if row < p.o && col < p.pixels {
+        emit(row, col, vec4<f32>(acc[a], acc[a + 1u], acc[a + 2u], acc[a + 3u]), base);
+    }
+    if row < p.o && col + 4u < p.pixels {
+        emit(row, col + 4u, vec4<f32>(acc[a + 4u], acc[a + 5u], acc[a + 6u], acc[a + 7u]), base);
+    }
+}
+#else
 // Accumulator (i, j) -> staging slot `slot` of group q.
 fn stage_emulated(lane: u32, q: u32, i: u32, j: u32, slot: u32) {
     let o = q * 16u * EW + (lane / 2u) * EW + slot * 16u + (lane % 2u) * 8u;
@@ -563,6 +590,7 @@ fn stage_emulated(lane: u32, q: u32, i: u32, j: u32, slot: u32) {
         cs[o + e] = acc[(i * 4u + j) * 8u + e];
     }
 }
+#endif
 
 @compute @workgroup_size(WG)
 fn conv2d_coop(
@@ -588,6 +616,13 @@ fn conv2d_coop(
     let wn = sg % 2u;
 
     let ksteps = (kend - k_begin + BK - 1u) / BK;
+#if NOPREFETCH
+    for (var t = 0u; t < ksteps; t++) {
+        let k0 = k_begin + t * BK;
+        store_w(lid, load_w(lid, m0, k0));
+        store_x(lid, load_x(lid, k0));
+        workgroupBarrier();
+#else
     var rw = load_w(lid, m0, k_begin);
     var rx = load_x(lid, k_begin);
     for (var t = 0u; t < ksteps; t++) {
@@ -599,12 +634,18 @@ fn conv2d_coop(
             rw = load_w(lid, m0, k1);
             rx = load_x(lid, k1);
         }
+#endif
         emulate_step(lane, wm, wn);
         workgroupBarrier();
     }
 
     let base = p.offs[0].z + split * p.total;
     for (var i = 0u; i < MI; i++) {
+#if LEAN
+        for (var j = 0u; j < 4u; j++) {
+            emit_emulated(lane, wm, wn, m0, n0, i, j, base);
+        }
+#else
 #if EPI4
         for (var j = 0u; j < 4u; j++) {
             stage_emulated(lane, sg, i, j, j);
@@ -619,6 +660,7 @@ fn conv2d_coop(
             flush(lid, m0, n0, i, j * 16u, base);
             workgroupBarrier();
         }
+#endif
 #endif
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
 use crate::kernels::conv_coop::{
-    self, COOP_K_STEP, COOP_TARGET_WORKGROUPS, COOP_TILE, ConvGeometry, CoopTarget,
+    self, COOP_K_STEP, COOP_TARGET_WORKGROUPS, COOP_TILE, ConvGeometry, CoopLayout, CoopTarget,
 };
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
@@ -40,15 +40,24 @@ pub enum Conv2dVariant {
     /// 128 pixels x 64 channels, 8 x 8 per thread.
     P128C8,
     /// Tensor cores: 128 channels x 128 pixels per workgroup of 8 subgroups (32 channels x 64 pixels
-    /// each), f16 operands (f32 ones are rounded to f16 on load), f32 accumulation. Needs 16x16 f16
-    /// cooperative matrices, subgroups of 32 and row-major weights; an error elsewhere.
+    /// each), K steps of 64, no register prefetch; f16 operands (f32 ones are rounded to f16 on load),
+    /// f32 accumulation. Needs 16x16 f16 cooperative matrices, subgroups of 32, row-major weights and
+    /// 43 KiB of workgroup memory; an error elsewhere.
     Coop,
-    /// `Coop` with the block split over 4 subgroups of 64 x 64 (twice the accumulators per
+    /// `Coop` with K steps of 32 and the next step prefetched into registers (27 KiB of workgroup
+    /// memory): what `Auto` runs on cooperative-matrix devices with less than `Coop` needs, and the
+    /// previous default, kept to compare against.
+    CoopBk32,
+    /// `CoopBk32` with the block split over 4 subgroups of 64 x 64 (twice the accumulators per
     /// invocation): the first layout, kept to compare against.
     CoopSg4,
     /// The `Coop` kernel with its 16x16 products done by plain f32 FMAs: runs on any f16 device (slowly)
-    /// so that its gather, tiling and epilogue are tested where tensor cores are absent.
+    /// so that its gather, tiling and epilogue are tested where tensor cores are absent. Where the
+    /// workgroup memory is short of `Coop`'s (lavapipe's 32 KiB) it runs unpadded and without the f32
+    /// staging area (see `shaders/conv_coop.wgsl`, LEAN).
     CoopEmulated,
+    /// `CoopBk32`'s build, emulated like `CoopEmulated`.
+    CoopEmulatedBk32,
     /// `CoopSg4`'s layout, emulated like `CoopEmulated`.
     CoopEmulatedSg4,
 }
@@ -64,14 +73,15 @@ impl Conv2dVariant {
 
     /// Whether this is the cooperative kernel (or its emulation).
     pub fn is_coop(self) -> bool {
-        self.coop_subgroups().is_some()
+        self.coop_layout().is_some()
     }
 
-    /// Subgroups of 32 per workgroup of the cooperative layouts (8 or 4), `None` for the portable kernels.
-    pub fn coop_subgroups(self) -> Option<u32> {
+    /// The build of the cooperative variants, `None` for the portable kernels.
+    pub fn coop_layout(self) -> Option<CoopLayout> {
         match self {
-            Conv2dVariant::Coop | Conv2dVariant::CoopEmulated => Some(8),
-            Conv2dVariant::CoopSg4 | Conv2dVariant::CoopEmulatedSg4 => Some(4),
+            Conv2dVariant::Coop | Conv2dVariant::CoopEmulated => Some(CoopLayout::SG8_BK64),
+            Conv2dVariant::CoopBk32 | Conv2dVariant::CoopEmulatedBk32 => Some(CoopLayout::SG8_BK32),
+            Conv2dVariant::CoopSg4 | Conv2dVariant::CoopEmulatedSg4 => Some(CoopLayout::SG4_BK32),
             _ => None,
         }
     }
@@ -80,7 +90,9 @@ impl Conv2dVariant {
     pub fn is_emulated(self) -> bool {
         matches!(
             self,
-            Conv2dVariant::CoopEmulated | Conv2dVariant::CoopEmulatedSg4
+            Conv2dVariant::CoopEmulated
+                | Conv2dVariant::CoopEmulatedBk32
+                | Conv2dVariant::CoopEmulatedSg4
         )
     }
 
@@ -90,8 +102,10 @@ impl Conv2dVariant {
             Conv2dVariant::P64C4
             | Conv2dVariant::Auto
             | Conv2dVariant::Coop
+            | Conv2dVariant::CoopBk32
             | Conv2dVariant::CoopSg4
             | Conv2dVariant::CoopEmulated
+            | Conv2dVariant::CoopEmulatedBk32
             | Conv2dVariant::CoopEmulatedSg4 => (64, 4),
             Conv2dVariant::P64C8 => (64, 8),
             Conv2dVariant::P128C4 => (128, 4),
@@ -189,8 +203,8 @@ pub fn conv2d_plan(
     (variant, k.div_ceil(k_split))
 }
 
-/// K splits of the cooperative kernel: as for the portable ones, but for 128 x 128 tiles, whole 32-deep
-/// K steps and at least 512 of K per split unless asked.
+/// K splits of the cooperative kernel: as for the portable ones, but for 128 x 128 tiles, whole 64-deep
+/// K steps (in every layout, so that they all split alike) and at least 512 of K per split unless asked.
 fn coop_splits(m: usize, o: usize, k: usize, split_k: Option<usize>) -> usize {
     let tiles = m.div_ceil(COOP_TILE) * o.div_ceil(COOP_TILE);
     let split = split_k
@@ -215,8 +229,9 @@ fn coop_splits(m: usize, o: usize, k: usize, split_k: Option<usize>) -> usize {
 
 /// The kernel [`conv2d`] runs on this device for activations of `x_dtype` and weights of `w_dtype` in
 /// `w_layout`, `o` output channels and reduction length `k` (C*KH*KW): `Auto` becomes
-/// [`Conv2dVariant::Coop`] where that is available and worthwhile (all f16, row-major weights, at
-/// least 64 channels and 64 of K), else stays `Auto`; explicit cooperative variants the device or
+/// [`Conv2dVariant::Coop`] (or [`Conv2dVariant::CoopBk32`] where the workgroup memory is short of
+/// `Coop`'s) where that is available and worthwhile (all f16, row-major weights, at least 64 channels
+/// and 64 of K), else stays `Auto`; explicit cooperative variants the device or
 /// weights cannot run are errors. Callers sizing a shared split-K scratch pass the result to
 /// [`conv2d_plan`].
 pub fn conv2d_variant(
@@ -758,23 +773,28 @@ mod tests {
     fn coop_plans() {
         use Conv2dVariant::*;
         // SD 1.5 at 512x512, batch 2: 64x64 x 320 has 192 tiles of 128 x 128 (no split); the small
-        // maps are split in whole 32-deep K steps; the VAE's large maps never are.
+        // maps are split in whole 64-deep K steps; the VAE's large maps never are.
         assert_eq!(conv2d_plan(2 * 64 * 64, 320, 2880, Coop, None), (Coop, 1));
         assert_eq!(conv2d_plan(2 * 32 * 32, 640, 5760, Coop, None), (Coop, 2));
         assert_eq!(conv2d_plan(2 * 16 * 16, 1280, 11520, Coop, None), (Coop, 4));
-        assert_eq!(conv2d_plan(2 * 8 * 8, 1280, 11520, Coop, None), (Coop, 16));
+        // 8x8 x 1280: 16 splits wanted, 15 of 768 (12 steps of 64) cover K.
+        assert_eq!(conv2d_plan(2 * 8 * 8, 1280, 11520, Coop, None), (Coop, 15));
         assert_eq!(conv2d_plan(128 * 128, 512, 4608, Coop, None), (Coop, 1));
-        // Forced splits are never empty: K 45 holds 2 steps of 32.
+        // Forced splits are never empty: K 45 is one step of 64, K 81 two.
         assert_eq!(
             conv2d_plan(64, 70, 45, CoopEmulated, Some(3)),
-            (CoopEmulated, 2)
+            (CoopEmulated, 1)
+        );
+        assert_eq!(
+            conv2d_plan(64, 70, 81, CoopEmulatedBk32, Some(3)),
+            (CoopEmulatedBk32, 2)
         );
         assert_eq!(conv2d_plan(64, 70, 360, Coop, Some(3)), (Coop, 3));
-        // Both layouts split alike (the same 128 x 128 tile).
-        assert_eq!(
-            conv2d_plan(2 * 16 * 16, 1280, 11520, CoopSg4, None),
-            (CoopSg4, 4)
-        );
+        // Every layout splits alike (the same 128 x 128 tile, K ranges in whole steps of 64).
+        for v in [CoopBk32, CoopSg4] {
+            assert_eq!(conv2d_plan(2 * 16 * 16, 1280, 11520, v, None), (v, 4));
+            assert_eq!(conv2d_plan(64, 70, 360, v, Some(3)), (v, 3));
+        }
     }
 
     #[test]

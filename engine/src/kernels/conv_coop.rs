@@ -2,12 +2,14 @@
 //! [`Conv2dVariant::Coop`]: one GEMM of the row-major OIHW weights `[O, C*KH*KW]` by the implicit im2col
 //! matrix of all images' output pixels, f16 operands, f32 accumulation. See `shaders/conv_coop.wgsl`.
 //!
-//! Two layouts of the 128 x 128 block: 8 subgroups of 32 x 64 ([`Conv2dVariant::Coop`], the default:
-//! half the accumulator registers per invocation; the matmul with that layout measured 1.35-1.45x faster
-//! on the H200) and 4 subgroups of 64 x 64 ([`Conv2dVariant::CoopSg4`], kept to compare).
-//! [`Conv2dVariant::CoopEmulated`] and [`Conv2dVariant::CoopEmulatedSg4`] are the same kernels with the
-//! 16x16 products done by plain FMAs: they run wherever f16 does and check the gather, tiling and
-//! epilogue on devices without tensor cores.
+//! Three builds of the 128 x 128 block ([`CoopLayout`]): 8 subgroups of 32 x 64 with K steps of 64 and no
+//! register prefetch ([`Conv2dVariant::Coop`], the default where the device has the 43 KiB of
+//! workgroup memory: the matmul with that build measured 1.3-1.4x faster than with K steps of 32 and
+//! a prefetch on the H200), the same with K steps of 32 and a register prefetch
+//! ([`Conv2dVariant::CoopBk32`]: the default elsewhere and the comparison) and 4 subgroups of 64 x 64
+//! ([`Conv2dVariant::CoopSg4`], kept to compare). The `CoopEmulated*` variants are the same kernels
+//! with the 16x16 products done by plain FMAs: they run wherever f16 does and check the gather, tiling
+//! and epilogue on devices without tensor cores.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -20,26 +22,76 @@ use crate::tensor::{DType, Layout, Tensor};
 
 /// Output channels and pixels of one workgroup tile.
 pub const COOP_TILE: usize = 128;
-/// K per step of the kernel; a split's K range is a multiple of it.
-pub const COOP_K_STEP: usize = 32;
+/// A split's K range is a multiple of this: the deepest K step of the kernel's builds, so that every
+/// build splits alike.
+pub const COOP_K_STEP: usize = 64;
 
 /// Workgroups below which [`crate::kernels::conv::conv2d_plan`] splits K for the cooperative kernel: one
 /// per H200 SM (132). A first guess, not yet measured; `drift bench kernels --filter "conv coop"` has
 /// the forced-split cases to tune it.
 pub const COOP_TARGET_WORKGROUPS: usize = 132;
 
-/// Workgroup memory of the kernel with `subgroups` subgroups (8 or 4): the weight tile (128 rows of 10
-/// vec4<f16>), the input tile (32 rows of 34) and the f32 staging area (16 rows x 64 or 16 columns per
-/// subgroup).
-pub fn coop_conv_smem(epi4: bool, subgroups: u32) -> u32 {
-    let tiles = (128 * 10 + 32 * 34) * 8;
-    tiles + subgroups * 16 * if epi4 { 64 } else { 16 } * 4
+/// One build of the cooperative kernel: subgroups of 32 per 128 x 128 block (8 or 4), K per step (64
+/// only with 8 subgroups) and whether the next step is prefetched into registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopLayout {
+    pub subgroups: u32,
+    pub bk: u32,
+    pub prefetch: bool,
 }
 
-/// Whether the 4-accumulator staging (EPI4) fits `max_workgroup_storage` bytes: only ever with 4
-/// subgroups (with 8 it needs 51712 bytes, over the H200's 48 KiB).
-fn coop_conv_epi4(max_workgroup_storage: u32, subgroups: u32) -> bool {
-    subgroups == 4 && coop_conv_smem(true, subgroups) <= max_workgroup_storage
+impl CoopLayout {
+    pub const SG8_BK64: CoopLayout = CoopLayout {
+        subgroups: 8,
+        bk: 64,
+        prefetch: false,
+    };
+    pub const SG8_BK32: CoopLayout = CoopLayout {
+        subgroups: 8,
+        bk: 32,
+        prefetch: true,
+    };
+    pub const SG4_BK32: CoopLayout = CoopLayout {
+        subgroups: 4,
+        bk: 32,
+        prefetch: true,
+    };
+
+    /// Workgroup memory: the weight tile (128 rows of `bk / 4 + 2` vec4<f16>), the input tile (`bk` rows
+    /// of 34) and the f32 staging area (16 rows x 64 (`epi4`) or 16 columns per subgroup). `lean` (the
+    /// emulation only): unpadded rows (`bk / 4` and 32) and no staging area.
+    pub fn smem(self, epi4: bool, lean: bool) -> u32 {
+        let (pk, pn) = if lean {
+            (self.bk / 4, 32)
+        } else {
+            (self.bk / 4 + 2, 34)
+        };
+        let tiles = (128 * pk + self.bk * pn) * 8;
+        let staging = if lean {
+            0
+        } else {
+            self.subgroups * 16 * if epi4 { 64 } else { 16 } * 4
+        };
+        tiles + staging
+    }
+
+    /// Whether the 4-accumulator staging (EPI4) fits `max_workgroup_storage` bytes: only ever with 4
+    /// subgroups (with 8 it needs 51712 bytes at K steps of 32, over the H200's 48 KiB).
+    fn epi4(self, max_workgroup_storage: u32) -> bool {
+        self.subgroups == 4 && self.smem(true, false) <= max_workgroup_storage
+    }
+
+    /// The workgroup memory this build needs on a device with `max_workgroup_storage` bytes, and
+    /// whether it is the lean emulation: the full build where it fits, else (emulated only) the lean
+    /// one.
+    fn footprint(self, emulated: bool, max_workgroup_storage: u32) -> (u32, bool) {
+        let full = self.smem(self.epi4(max_workgroup_storage), false);
+        if emulated && full > max_workgroup_storage {
+            (self.smem(false, true), true)
+        } else {
+            (full, false)
+        }
+    }
 }
 
 /// Whether a convolution with `o` output channels and reduction length `k` (= C*KH*KW) has enough work
@@ -51,9 +103,9 @@ pub fn coop_worthwhile(o: usize, k: usize) -> bool {
 
 /// The variant `requested` resolves to for weights of `w_dtype` in `w_layout` and activations of
 /// `x_dtype`: `Auto` becomes [`Conv2dVariant::Coop`] on a device with 16x16 f16 cooperative matrices
-/// when everything is f16, the weights are row-major and the shape is worth it, and stays `Auto`
-/// (the portable kernels) otherwise. An explicit cooperative variant the device or the weights cannot
-/// run is an error.
+/// (or [`Conv2dVariant::CoopBk32`] where the workgroup memory is short of `Coop`'s) when everything is
+/// f16, the weights are row-major and the shape is worth it, and stays `Auto` (the portable kernels)
+/// otherwise. An explicit cooperative variant the device or the weights cannot run is an error.
 pub fn resolve_variant(
     caps: &Caps,
     x_dtype: DType,
@@ -63,29 +115,37 @@ pub fn resolve_variant(
     k: usize,
     requested: Conv2dVariant,
 ) -> Result<Conv2dVariant> {
-    let Some(subgroups) = requested.coop_subgroups() else {
+    let Some(layout) = requested.coop_layout() else {
         let coop = requested == Conv2dVariant::Auto
             && coop_available(caps)
             && x_dtype == DType::F16
             && w_dtype == DType::F16
             && w_layout == Layout::RowMajor
             && coop_worthwhile(o, k);
-        return Ok(if coop { Conv2dVariant::Coop } else { requested });
+        if !coop {
+            return Ok(requested);
+        }
+        // coop_available guarantees the K-32 build's memory, not the K-64 one's.
+        let (smem, _) = CoopLayout::SG8_BK64.footprint(false, caps.max_workgroup_storage);
+        return Ok(if smem <= caps.max_workgroup_storage {
+            Conv2dVariant::Coop
+        } else {
+            Conv2dVariant::CoopBk32
+        });
     };
-    let smem = coop_conv_smem(false, subgroups);
+    let (smem, _) = layout.footprint(requested.is_emulated(), caps.max_workgroup_storage);
+    let invocations = 32 * layout.subgroups;
     if !requested.is_emulated() && !coop_available(caps) {
         return Err(DriftError::Unsupported(format!(
             "cooperative-matrix conv2d needs a device with 16x16 f16 cooperative matrices, \
              subgroups of 32 and {smem} bytes of workgroup memory"
         )));
     }
-    if smem > caps.max_workgroup_storage || 32 * subgroups > caps.max_invocations_per_workgroup {
+    if smem > caps.max_workgroup_storage || invocations > caps.max_invocations_per_workgroup {
         return Err(DriftError::Unsupported(format!(
-            "{requested:?} conv2d needs {smem} bytes of workgroup memory and {} invocations per \
-             workgroup (the device has {} and {})",
-            32 * subgroups,
-            caps.max_workgroup_storage,
-            caps.max_invocations_per_workgroup
+            "{requested:?} conv2d needs {smem} bytes of workgroup memory and {invocations} \
+             invocations per workgroup (the device has {} and {})",
+            caps.max_workgroup_storage, caps.max_invocations_per_workgroup
         )));
     }
     if !caps.f16 {
@@ -202,11 +262,13 @@ pub fn dispatch(
     let va = k.is_multiple_of(4) && vec4_aligned(w);
     let vo = hw.is_multiple_of(4) && vec4_aligned(out) && residual.is_none_or(vec4_aligned);
     let emulate = variant.is_emulated();
-    let subgroups = variant.coop_subgroups().ok_or_else(|| {
+    let layout = variant.coop_layout().ok_or_else(|| {
         DriftError::Unsupported(format!("{variant:?} is not a cooperative conv2d variant"))
     })?;
-    let sg8 = subgroups == 8;
-    let epi4 = coop_conv_epi4(caps.max_workgroup_storage, subgroups);
+    let sg8 = layout.subgroups == 8;
+    let bk64 = layout.bk == 64;
+    let (_, lean) = layout.footprint(emulate, caps.max_workgroup_storage);
+    let epi4 = !lean && layout.epi4(caps.max_workgroup_storage);
 
     let mut tensors = vec![x, w, out];
     let mut fused = String::new();
@@ -229,12 +291,17 @@ pub fn dispatch(
         }
     };
     let name = format!(
-        "conv{}x{}s{}_coop{}{}_{}_w{}{}",
+        "conv{}x{}s{}_coop{}{}{}_{}_w{}{}",
         g.kh,
         g.kw,
         g.stride,
-        if sg8 { "" } else { "_sg4" },
+        match (sg8, bk64) {
+            (true, true) => "",
+            (true, false) => "_bk32",
+            (false, _) => "_sg4",
+        },
         if emulate { "_emulated" } else { "" },
+        if lean { "_lean" } else { "" },
         x.dtype.wgsl(),
         w.dtype.wgsl(),
         if split { "_splitk" } else { fused.as_str() }
@@ -252,6 +319,10 @@ pub fn dispatch(
         .define("VA", u8::from(va))
         .define("VO", u8::from(vo))
         .define("SG8", u8::from(sg8))
+        .define("BK64", u8::from(bk64))
+        .define("ST8", u8::from(!sg8 || bk64))
+        .define("NOPREFETCH", u8::from(!layout.prefetch))
+        .define("LEAN", u8::from(lean))
         .define("EPI4", u8::from(epi4))
         .define("SPLIT", u8::from(split))
         .define("BIAS", u8::from(bias.is_some()))
@@ -309,20 +380,73 @@ mod tests {
     use super::*;
 
     #[test]
-    fn smem_fits_the_matmul_budget() {
-        // coop_available checks the eight-subgroup matmul's small-staging footprint (28 KiB); this
-        // kernel's must not be larger in either layout, or a device could pass that check and still fail
-        // to create the pipeline.
-        assert_eq!(coop_conv_smem(false, 8), 27136);
-        assert_eq!(coop_conv_smem(false, 4), 23040);
-        assert_eq!(coop_conv_smem(true, 4), 35328);
-        assert!(coop_conv_smem(false, 8) <= 28 * 1024);
-        // The H200 has 48 KiB: EPI4 fits with 4 subgroups, not with 8; lavapipe's 32 KiB fits neither
-        // EPI4 but both small-staging layouts.
-        assert!(coop_conv_epi4(48 * 1024, 4));
-        assert!(!coop_conv_epi4(48 * 1024, 8));
-        assert_eq!(coop_conv_smem(true, 8), 51712);
-        assert!(!coop_conv_epi4(32 * 1024, 4));
+    fn smem_of_each_build() {
+        let (bk64, bk32, sg4) = (
+            CoopLayout::SG8_BK64,
+            CoopLayout::SG8_BK32,
+            CoopLayout::SG4_BK32,
+        );
+        // coop_available checks the eight-subgroup matmul's small-staging footprint at K steps of 32
+        // (28 KiB); the K-32 builds of this kernel must not need more, or a device could pass that
+        // check and still fail to create the pipeline Auto falls back to.
+        assert_eq!(bk32.smem(false, false), 27136);
+        assert_eq!(sg4.smem(false, false), 23040);
+        assert_eq!(sg4.smem(true, false), 35328);
+        assert!(bk32.smem(false, false) <= 28 * 1024);
+        // K steps of 64: 18 KiB of weights, 17 KiB of inputs, 8 KiB of staging: within the H200's
+        // 48 KiB, over lavapipe's 32 KiB, where the lean emulation fills it exactly.
+        assert_eq!(bk64.smem(false, false), 44032);
+        assert_eq!(bk64.footprint(false, 48 * 1024), (44032, false));
+        assert_eq!(bk64.footprint(true, 48 * 1024), (44032, false));
+        assert_eq!(bk64.footprint(true, 32 * 1024), (32768, true));
+        assert_eq!(bk32.footprint(true, 32 * 1024), (27136, false));
+        // EPI4 fits with 4 subgroups on the H200, never with 8, and on lavapipe not at all.
+        assert!(sg4.epi4(48 * 1024));
+        assert!(!bk32.epi4(48 * 1024));
+        assert!(!bk64.epi4(64 * 1024));
+        assert_eq!(bk32.smem(true, false), 51712);
+        assert!(!sg4.epi4(32 * 1024));
+    }
+
+    #[test]
+    fn auto_picks_k64_where_it_fits() {
+        // An H200-like device with `max_workgroup_storage` bytes of workgroup memory.
+        let caps = |max_workgroup_storage| Caps {
+            f16: true,
+            subgroup: true,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            timestamps: true,
+            timestamps_inside_passes: true,
+            cooperative_matrix: true,
+            coop_16x16_f16_f32: true,
+            max_buffer_size: 1 << 32,
+            max_storage_binding: 1 << 31,
+            max_storage_buffers_per_stage: 16,
+            max_workgroup_storage,
+            max_invocations_per_workgroup: 1024,
+            max_workgroups_per_dimension: 65535,
+            timestamp_period_ns: 1.0,
+        };
+        let f16 = DType::F16;
+        let auto = |c: &Caps| {
+            resolve_variant(
+                c,
+                f16,
+                f16,
+                Layout::RowMajor,
+                320,
+                2880,
+                Conv2dVariant::Auto,
+            )
+        };
+        assert_eq!(auto(&caps(48 * 1024)).unwrap(), Conv2dVariant::Coop);
+        assert_eq!(auto(&caps(40 * 1024)).unwrap(), Conv2dVariant::CoopBk32);
+        // Explicitly asked for, the K-64 build needs its memory; its emulation makes do with 32 KiB.
+        let explicit = |c: &Caps, v| resolve_variant(c, f16, f16, Layout::RowMajor, 320, 2880, v);
+        assert!(explicit(&caps(40 * 1024), Conv2dVariant::Coop).is_err());
+        assert!(explicit(&caps(32 * 1024), Conv2dVariant::CoopEmulated).is_ok());
+        assert!(explicit(&caps(16 * 1024), Conv2dVariant::CoopEmulated).is_err());
     }
 
     #[test]

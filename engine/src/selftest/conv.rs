@@ -1,8 +1,9 @@
 //! Checks for the conv kernels: the geometries SD uses (3x3 stride 1 and 2, 1x1, padding 0/1, the VAE's
 //! asymmetric padding) on odd sizes, both tile variants, both weight layouts, f32/f16 io, fused bias and
 //! residual, and views at unaligned offsets (which switch the vec4 paths off). The cooperative-matrix
-//! kernel runs its own cases (tiles of 128 channels x 128 pixels) in both layouts (8 and 4 subgroups)
-//! on devices that have it, and its FMA emulation runs them in both layouts on every f16 device.
+//! kernel runs its own cases (tiles of 128 channels x 128 pixels) in its three builds (8 subgroups with
+//! K steps of 64 or 32, 4 subgroups) on devices that have it, and its FMA emulation runs them in all
+//! three on every f16 device (the K-64 one lean where workgroup memory is short).
 
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
@@ -12,6 +13,7 @@ use crate::kernels::conv::{
     Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan, conv2d_weight,
     conv2d_weight_bytes,
 };
+use crate::kernels::conv_coop::CoopLayout;
 use crate::kernels::matmul::coop_available;
 use crate::memory::Category;
 use crate::reference::conv::{self as r, ConvShape};
@@ -199,8 +201,9 @@ pub fn cases(gpu: &Gpu) -> Vec<ConvCase> {
     all
 }
 
-/// The cooperative kernel's cases, each in both layouts (8 subgroups of 32 x 64, 4 of 64 x 64): its
-/// emulation everywhere (f16 devices), the real one where the device has cooperative matrices.
+/// The cooperative kernel's cases, each in every build (8 subgroups of 32 x 64 with K steps of 64 and
+/// of 32, 4 subgroups of 64 x 64): its emulation everywhere (f16 devices), the real one where the
+/// device has cooperative matrices (and the workgroup memory of the build).
 /// Row-major weights; operands are f16-exact (the kernel rounds them to f16).
 fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
     let c = |x, o, k, stride, pad| ConvCase {
@@ -274,8 +277,15 @@ fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
             offsets: [4, 8, 12],
             ..c([1, 40, 4, 4], 8, 1, 1, 0)
         },
-        // Split-K: 3 splits of K 360 into a shared scratch, then bias and residual in the reduction;
-        // 2 splits with f32 output; 2 splits with vec4 scratch stores.
+        // K 261 unsplit: 4 whole steps of 64 (8 of 32) and a partial one, odd Ho*Wo.
+        ConvCase {
+            bias: true,
+            residual: true,
+            ..c([2, 29, 7, 7], 72, 3, 1, 1)
+        },
+        // Split-K (K ranges in whole steps of 64): 3 splits of K 360 (128, 128, 104) into a shared
+        // scratch, then bias and residual in the reduction; 2 splits of K 81 (64, 17) with f32
+        // output; 2 splits of K 108 with vec4 scratch stores.
         ConvCase {
             bias: true,
             residual: true,
@@ -287,7 +297,7 @@ fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
             wdt: DType::F32,
             bias: true,
             split_k: Some(2),
-            ..c([2, 5, 9, 11], 136, 3, 1, 1)
+            ..c([2, 9, 9, 11], 136, 3, 1, 1)
         },
         ConvCase {
             residual: true,
@@ -295,14 +305,24 @@ fn coop_cases(gpu: &Gpu) -> Vec<ConvCase> {
             ..c([1, 12, 16, 16], 70, 3, 2, 1)
         },
     ];
-    let mut variants = vec![Conv2dVariant::CoopEmulated, Conv2dVariant::CoopEmulatedSg4];
-    if coop_available(&gpu.caps) {
-        variants.extend([Conv2dVariant::Coop, Conv2dVariant::CoopSg4]);
-    }
-    variants
-        .into_iter()
-        .flat_map(|variant| v.map(|c| ConvCase { variant, ..c }))
-        .collect()
+    // Every build: the real ones where the device has cooperative matrices (and, for K steps of 64,
+    // 43 KiB of workgroup memory), the emulated ones everywhere (the K-64 one lean where workgroup
+    // memory is short of the full build's). Decided here, not by asking the builder, so that a build
+    // it wrongly refuses fails instead of going unchecked.
+    let coop = coop_available(&gpu.caps);
+    let fits = |lean| CoopLayout::SG8_BK64.smem(false, lean) <= gpu.caps.max_workgroup_storage;
+    [
+        (Conv2dVariant::CoopEmulated, fits(true)),
+        (Conv2dVariant::CoopEmulatedBk32, true),
+        (Conv2dVariant::CoopEmulatedSg4, true),
+        (Conv2dVariant::Coop, coop && fits(false)),
+        (Conv2dVariant::CoopBk32, coop),
+        (Conv2dVariant::CoopSg4, coop),
+    ]
+    .into_iter()
+    .filter_map(|(variant, runs)| runs.then_some(variant))
+    .flat_map(|variant| v.map(|c| ConvCase { variant, ..c }))
+    .collect()
 }
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
@@ -317,11 +337,13 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// `Auto` runs SD's f16 convolutions on the cooperative kernel (its eight-subgroup layout) exactly where
-/// the device has it (with the weights [`conv2d_weight`] uploads row-major for it), and the tiny ones (4
-/// input or output channels) on the portable kernel everywhere.
+/// `Auto` runs SD's f16 convolutions on the cooperative kernel (its eight-subgroup layout, with K steps
+/// of 64 where the workgroup memory holds them, else 32) exactly where the device has it (with the
+/// weights [`conv2d_weight`] uploads row-major for it), and the tiny ones (4 input or output channels)
+/// on the portable kernel everywhere.
 pub fn check_auto_choice(gpu: &Gpu) -> Result<Check> {
     let coop = coop_available(&gpu.caps);
+    let k64 = CoopLayout::SG8_BK64.smem(false, false) <= gpu.caps.max_workgroup_storage;
     let f16 = DType::F16;
     let mut wrong = Vec::new();
     for (c, o, want_coop) in [(320, 320, coop), (4, 320, false), (320, 4, false)] {
@@ -337,6 +359,13 @@ pub fn check_auto_choice(gpu: &Gpu) -> Result<Check> {
         let got_coop = ds.iter().any(|d| d.name.contains("_coop"));
         if ds.iter().any(|d| d.name.contains("_coop_sg4")) {
             wrong.push(format!("C {c} O {o}: the four-subgroup layout"));
+        }
+        if got_coop && ds.iter().any(|d| d.name.contains("_coop_bk32")) == k64 {
+            wrong.push(format!(
+                "C {c} O {o}: K steps of {} with {} bytes of workgroup memory",
+                if k64 { 32 } else { 64 },
+                gpu.caps.max_workgroup_storage
+            ));
         }
         let want_layout = if want_coop {
             Layout::RowMajor
@@ -383,6 +412,10 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
         variant: Conv2dVariant::CoopSg4,
         ..pad1
     };
+    let coop_bk32 = Conv2dOptions {
+        variant: Conv2dVariant::CoopBk32,
+        ..pad1
+    };
     let bad = [
         // Wrong output size for padding 0, wrong channel count, wrong bias, wrong residual, bad layout,
         // u32 input, a kernel larger than the padded input.
@@ -415,8 +448,10 @@ pub fn check_rejects(gpu: &Gpu) -> Result<Check> {
         // The cooperative kernel with transposed weights (anywhere), or on a device without it.
         conv2d(gpu, &x, &transposed, None, &out, &coop).is_err(),
         conv2d(gpu, &x, &transposed, None, &out, &coop_sg4).is_err(),
+        conv2d(gpu, &x, &transposed, None, &out, &coop_bk32).is_err(),
         coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop).is_err(),
         coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop_sg4).is_err(),
+        coop_available(&gpu.caps) || conv2d(gpu, &x, &w, None, &out, &coop_bk32).is_err(),
     ];
     let ok = conv2d(gpu, &x, &w, None, &out, &pad1).is_ok();
     let failed: Vec<usize> = bad

@@ -45,32 +45,51 @@ fn conv_coop_compiles_to_spirv() {
                 ("OFF_BIAS", "p.offs[0][3]"),
                 ("OFF_RES", "p.offs[1][0]"),
             ];
-            for d in combos(
-                &fixed,
-                &[
-                    "XVEC", "VA", "VO", "SG8", "EPI4", "SPLIT", "BIAS", "RES", "EMULATE",
-                ],
-            ) {
-                let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
-                // The builder fuses bias and residual only without split-K, reads x as vec4 only
-                // for 1x1 convolutions and stages 4 accumulators at a time only with 4 subgroups.
-                if (on("SPLIT") && (on("BIAS") || on("RES")))
-                    || (on("XVEC") && kh != "1")
-                    || (on("SG8") && on("EPI4"))
-                {
-                    continue;
+            // The builds the builder selects (SG8, BK64, ST8, NOPREFETCH, EPI4): K steps of 64
+            // without prefetch (the default), K steps of 32 with prefetch in both layouts, and 4
+            // subgroups with 4 staged accumulators (devices with 35 KiB).
+            let builds = [
+                ["1", "1", "1", "1", "0"],
+                ["1", "0", "0", "0", "0"],
+                ["0", "0", "1", "0", "0"],
+                ["0", "0", "1", "0", "1"],
+            ];
+            for build in builds {
+                // The cooperative build, its emulation and (no staged accumulators) its lean
+                // emulation.
+                let emulations: &[[&str; 2]] = if build[4] == "1" {
+                    &[["0", "0"], ["1", "0"]]
+                } else {
+                    &[["0", "0"], ["1", "0"], ["1", "1"]]
+                };
+                for &[emulate, lean] in emulations {
+                    let mut fixed = fixed.to_vec();
+                    fixed.extend(
+                        ["SG8", "BK64", "ST8", "NOPREFETCH", "EPI4"]
+                            .into_iter()
+                            .zip(build),
+                    );
+                    fixed.extend([("EMULATE", emulate), ("LEAN", lean)]);
+                    for d in combos(&fixed, &["XVEC", "VA", "VO", "SPLIT", "BIAS", "RES"]) {
+                        let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
+                        // The builder fuses bias and residual only without split-K and reads x as
+                        // vec4 only for 1x1 convolutions.
+                        if (on("SPLIT") && (on("BIAS") || on("RES"))) || (on("XVEC") && kh != "1") {
+                            continue;
+                        }
+                        let words = to_spirv("conv_coop", source, &d);
+                        // OpCapability CooperativeMatrixKHR (6022) exactly when not emulated.
+                        let coop = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
+                        assert_eq!(coop, emulate == "0", "{d:?}");
+                        n += 1;
+                    }
                 }
-                let words = to_spirv("conv_coop", source, &d);
-                // OpCapability CooperativeMatrixKHR (6022) exactly when not emulated.
-                let coop = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
-                assert_eq!(coop, !on("EMULATE"), "{d:?}");
-                n += 1;
             }
         }
     }
-    // Per shape and dtypes: 5 fusion/split combinations x VA, VO (4) x 3 layouts (SG8; 4 subgroups
-    // with and without EPI4) x EMULATE (2) = 120, twice that for 1x1 (XVEC).
-    assert_eq!(n, 4 * (3 * 120 + 240));
+    // Per shape and dtypes: 5 fusion/split combinations x VA, VO (4) x 11 builds (4 cooperative, 4
+    // emulated, 3 lean) = 220, twice that for 1x1 (XVEC).
+    assert_eq!(n, 4 * (3 * 220 + 440));
 }
 
 /// Best wall time per copy of `reps` copies of one dispatch sequence in one submit, after a warm-up
