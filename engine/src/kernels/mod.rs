@@ -24,6 +24,7 @@ pub mod matvec;
 pub mod norm;
 pub mod qkv_rope;
 pub mod quant;
+pub mod quant_dp4a;
 pub mod rope;
 pub mod sample;
 pub mod softmax;

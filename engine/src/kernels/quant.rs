@@ -16,7 +16,7 @@ use crate::gpu::Gpu;
 use crate::kernels::matvec::{
     Fusion, MatvecOptions, check_io, choose_reduction, matvec, matvec_cost,
 };
-use crate::kernels::{KernelSpec, grid};
+use crate::kernels::{KernelSpec, grid, quant_dp4a};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
 
@@ -89,6 +89,9 @@ pub struct QuantTuning {
     /// is in range for the shapes the builders validate (the decoders never read past a field's last
     /// word, partial rows and chunks are clamped).
     pub trusted: bool,
+    /// Use the integer-dot-product kernel where it applies ([`crate::kernels::quant_dp4a`]: Q4_0,
+    /// Q4_1, Q8_0, one activation row). On by default; `DRIFT_DP4A=0` turns the default off (A/B runs).
+    pub dp4a: bool,
 }
 
 impl Default for QuantTuning {
@@ -99,6 +102,7 @@ impl Default for QuantTuning {
             // Bounds checks made these kernels 2.5-4x slower on the H200 (Q4_0 14336x4096: 179 us checked,
             // 69 us unchecked); the self-test covers the unchecked build on every device it runs on.
             trusted: true,
+            dp4a: std::env::var_os("DRIFT_DP4A").is_none_or(|v| v != "0"),
         }
     }
 }
@@ -200,6 +204,22 @@ pub fn matvec_quant_tuned(
         w.row_shards(limit)?
     };
     matvec_quant_shards_tuned(gpu, &shards, x, out, opts, tuning)
+}
+
+/// Whether [`matvec_quant_tuned`] runs the integer-dot-product kernel for these arguments (x then
+/// enters the products rounded to 8 bits per 32-element block: the self-test's tolerance needs it).
+pub fn uses_dp4a(
+    gpu: &Gpu,
+    w: &Tensor,
+    x: &Tensor,
+    out: &Tensor,
+    opts: &MatvecOptions,
+    tuning: QuantTuning,
+) -> Result<bool> {
+    let (_, sg) = choose_reduction(gpu, x, out, opts)?;
+    let k = w.shape.get(1).copied().unwrap_or(0);
+    let batch = if out.rank() == 1 { 1 } else { out.shape[0] };
+    Ok(tuning.dp4a && quant_dp4a::eligible(gpu, w.dtype, batch, k, sg))
 }
 
 /// [`matvec_quant`] over a weight given as row shards (as [`Gpu::weight_rows`] or
@@ -310,7 +330,13 @@ pub fn matvec_quant_shards_tuned(
             fusion.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
-        let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
+        let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
+        let spec = if dp4a {
+            quant_dp4a::spec(format!("{name}_dp4a"), k)
+        } else {
+            KernelSpec::new(name, MATVEC_SRC, "matvec")
+        };
+        let spec = spec
             .define(type_define(dtype), 1)
             .define("ALIGNED", u8::from(aligned))
             .define("TX", x.dtype.wgsl())

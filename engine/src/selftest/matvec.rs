@@ -133,6 +133,19 @@ impl FuseTensors {
         }
     }
 
+    /// The input the product sees, `[batch, k]`: SwiGLU of x, its RMSNorm, or x itself.
+    pub fn prologue(&self, x: &[f32], k: usize) -> Vec<f64> {
+        if self.fuse.swiglu {
+            x.chunks(2 * k)
+                .flat_map(|row| (0..k).map(|i| silu(row[i] as f64) * row[k + i] as f64))
+                .collect()
+        } else if self.fuse.norm.is_some() {
+            rmsnorm(x, &self.gv, k, NORM_EPS as f64)
+        } else {
+            x.iter().map(|&v| v as f64).collect()
+        }
+    }
+
     /// The unfused f64 reference: `out = residual + prologue(x) @ w^T + bias` with `w` `[n, k]` (as
     /// the kernel sees it), `x` `[batch, x_len(k)]`; and the largest `sum_k |w prologue(x)|` (the
     /// scale of the f32 dot products' rounding error).
@@ -145,15 +158,7 @@ impl FuseTensors {
         n: usize,
         k: usize,
     ) -> (Vec<f64>, f64) {
-        let xin: Vec<f64> = if self.fuse.swiglu {
-            x.chunks(2 * k)
-                .flat_map(|row| (0..k).map(|i| silu(row[i] as f64) * row[k + i] as f64))
-                .collect()
-        } else if self.fuse.norm.is_some() {
-            rmsnorm(x, &self.gv, k, NORM_EPS as f64)
-        } else {
-            x.iter().map(|&v| v as f64).collect()
-        };
+        let xin = self.prologue(x, k);
         let mut out = vec![0.0; batch * n];
         let mut scale = 0.0f64;
         for b in 0..batch {

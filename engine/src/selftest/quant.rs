@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::matvec::{MatvecOptions, MatvecVariant};
-use crate::kernels::quant::{QUANT_TYPES, QuantTuning, dequantize, matvec_quant_tuned};
+use crate::kernels::quant::{QUANT_TYPES, QuantTuning, dequantize, matvec_quant_tuned, uses_dp4a};
 use crate::memory::Category;
 use crate::reference::quant as r;
 use crate::tensor::{DType, Layout};
@@ -114,6 +114,21 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         };
         out.push(check_matvec(gpu, rng, &c1)?);
         out.push(check_matvec(gpu, rng, &c3)?);
+        // The types the integer-dot-product kernel takes: the float-decoding kernel at batch 1 too.
+        if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) {
+            let float = QuantTuning {
+                dp4a: false,
+                ..QuantTuning::default()
+            };
+            out.push(check_matvec(
+                gpu,
+                rng,
+                &Case {
+                    tuning: float,
+                    ..c1
+                },
+            )?);
+        }
         if full && gpu.caps.subgroup {
             out.push(check_matvec(
                 gpu,
@@ -136,6 +151,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     rows_per_team: if dtype.block_elems() == 32 { 4 } else { 1 },
                     chunks_per_step: 1,
                     trusted: dtype != DType::Q4_0,
+                    dp4a: true,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },
@@ -328,6 +344,7 @@ fn run_matvec(
             ..Default::default()
         },
     );
+    let dp4a = uses_dp4a(gpu, &w, &x, &o, &opts, c.tuning)?;
     let mut prog = Program::new();
     prog.extend(matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?);
     let dispatches = prog.len();
@@ -335,13 +352,16 @@ fn run_matvec(
     let xs = &xv[c.x_offset..];
     let bias_v = c.bias.then_some(&bv[..]);
     // f32 accumulation: rounding error relative to sum |w x|.
-    let (want, atol) = if c.fuse.is_some() {
+    let (want, mut atol) = if c.fuse.is_some() {
         let (want, scale) = fused.reference(deq, xs, bias_v, batch, n, k);
         (want, fused_atol(scale))
     } else {
         let scale = r::abs_dot_max(deq, xs, batch, n, k);
         (r::matvec(deq, xs, bias_v, batch, n, k), 3e-7 * scale + 1e-7)
     };
+    if dp4a {
+        atol += int8_input_error(deq, &fused.prologue(xs, k), n, k);
+    }
     let mut name = format!(
         "matvec {:?} {label}{:?} {batch}x[{n}, {k}]{}{} x {:?} out {:?} r{}u{}{}",
         c.dtype,
@@ -354,6 +374,9 @@ fn run_matvec(
         c.tuning.chunks_per_step,
         if c.tuning.trusted { "" } else { " checked" },
     );
+    if dp4a {
+        name += " dp4a";
+    }
     if c.w_rows_before + c.x_offset > 0 {
         name += &format!(" w@row{} x@{}", c.w_rows_before, c.x_offset);
     }
@@ -367,6 +390,26 @@ fn run_matvec(
         atol,
         store_rtol(c.out_dtype),
     ))
+}
+
+/// The largest error the integer-dot-product kernel's rounding of the input can cause in one output:
+/// x = d (qh + ql / 254) with d = max |block| / 127 is off by at most d / 508 = max |block| / 64516, so
+/// output row r moves by at most the sum over blocks of that times sum |w[r, k]| over the block. One
+/// batch row (the kernel takes no more).
+fn int8_input_error(w: &[f32], xin: &[f64], n: usize, k: usize) -> f64 {
+    let steps: Vec<f64> = xin[..k]
+        .chunks(32)
+        .map(|b| b.iter().fold(0.0f64, |m, v| m.max(v.abs())) / 64516.0)
+        .collect();
+    (0..n)
+        .map(|r| {
+            w[r * k..(r + 1) * k]
+                .chunks(32)
+                .zip(&steps)
+                .map(|(wb, s)| s * wb.iter().map(|v| v.abs() as f64).sum::<f64>())
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max)
 }
 
 pub fn check_matvec(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {

@@ -244,6 +244,7 @@ fn quant_matvec_bandwidth() {
                         rows_per_team: rpt,
                         chunks_per_step: cps,
                         trusted,
+                        dp4a: false,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

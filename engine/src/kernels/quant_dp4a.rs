@@ -1,0 +1,65 @@
+//! The integer-dot-product variant of the quantized matrix-vector kernel
+//! (`shaders/matvec_quant_dp4a.wgsl`): for Q4_0, Q4_1 and Q8_0 weights and one activation row, the
+//! workgroup turns x into int8 blocks (two terms, ~15 bits) in workgroup memory once and multiplies
+//! with `dot4I8Packed`
+//! (one instruction per four products where the device has integer dot products, which wgpu enables on
+//! Vulkan 1.3). [`crate::kernels::quant::matvec_quant`] picks it where [`eligible`] says so; it takes
+//! the same parameters and bindings as the float-decoding kernel.
+
+use crate::gpu::Gpu;
+use crate::kernels::KernelSpec;
+use crate::tensor::DType;
+
+/// Invocations per workgroup, fixed in the shader.
+const WG: u32 = 256;
+
+/// Blocks of x the kernel's workgroup memory is sized for: K / 32 rounded up to a multiple of 64, so
+/// few specialisations cover every model width.
+fn max_blocks(k: usize) -> u32 {
+    (k / 32).next_multiple_of(64) as u32
+}
+
+/// Workgroup memory: 64 bytes of int8 (two terms) and 8 bytes of scale and sum per block, one f32 per
+/// invocation.
+fn smem_bytes(k: usize) -> u32 {
+    max_blocks(k) * 72 + WG * 4
+}
+
+/// Whether the integer-dot-product kernel can take this product: Q4_0 / Q4_1 / Q8_0 weights, one
+/// activation row, subgroup reductions (`sg`), and x's blocks fitting workgroup memory.
+pub(crate) fn eligible(gpu: &Gpu, dtype: DType, batch: usize, k: usize, sg: bool) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+        && batch == 1
+        && sg
+        && k.is_multiple_of(32)
+        && gpu.caps.max_invocations_per_workgroup >= WG
+        && smem_bytes(k) <= gpu.caps.max_workgroup_storage
+}
+
+/// The kernel's source: the dp4a kernel, the block loaders and the fused prologues / epilogues.
+pub(crate) const SOURCE: &str = concat!(
+    crate::shader!("matvec_quant_dp4a.wgsl"),
+    crate::shader!("dequant.wgsl"),
+    crate::shader!("matvec_fuse.wgsl"),
+);
+
+/// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
+/// rows per team, x vector access and the fusion defines).
+pub(crate) fn spec(name: String, k: usize) -> KernelSpec {
+    KernelSpec::new(name, SOURCE, "matvec").define("MAXB", max_blocks(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workgroup_memory_covers_the_common_widths() {
+        // Llama 3 8B's down projection (K = 14336) fits the 48 KiB of the H200 (not lavapipe's 32).
+        assert_eq!(max_blocks(14336), 448);
+        assert!(smem_bytes(14336) <= 48 * 1024);
+        assert!(smem_bytes(8192) <= 32 * 1024);
+        assert_eq!(max_blocks(576), 64);
+        assert_eq!(max_blocks(4096), 128);
+    }
+}

@@ -1,0 +1,211 @@
+// Matrix-vector products on Q4_0 / Q4_1 / Q8_0 weights with integer dot products (decode, one
+// activation row):  out[row0 + r] = sum_k w[r, k] * x[k]  (+ matvec_fuse.wgsl's bias / residual),
+// w one row shard [rows, K] kept in its GGUF block layout (dequant.wgsl's loaders, appended).
+//
+// The workgroup first turns the whole input row (after matvec_fuse.wgsl's prologue: RMSNorm or
+// SwiGLU) into int8 in workgroup memory, per block of 32 (the weights' own blocking) with one scale d =
+// max |x| / 127, as two terms: x = d (qh + ql / 254) with qh = round(x / d) and ql the rounded rest,
+// both in -127..127, so x is kept to about 15 bits (error <= max|x| / 64516 per block: a single int8
+// term, as llama.cpp uses, moved SmolLM2's near-tied first-token logits by 0.25 and flipped its greedy
+// answer). Then each team (a subgroup) takes R rows; its lanes stride over the blocks, and a block's
+// 32 products are 16 dot4I8Packed (SPIR-V OpSDot where the device has integer dot products: one
+// instruction per 4 products) and a few scalars: about 1.5 instructions per weight, against ~8 when
+// every weight is decoded to a float (matvec_quant.wgsl).
+//
+// With S = sum q qh + (sum q ql) / 254 over a block and sx its f32 sum of x:
+// Q4_0: w = d (q - 8), q = 4-bit;  sum w x = dw (dx S - 8 sx)
+// Q4_1: w = d q + m;               sum w x = dw dx S + m sx
+// Q8_0: w = d q, q = int8;         sum w x = dw dx S
+//
+// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), XV4 and
+// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES; MAXB (blocks of x the workgroup memory holds, >= K / 32).
+// Needs subgroups (teams are subgroups of any size: team g = subgroup_id, += num_subgroups).
+#if F16
+enable f16;
+#endif
+
+struct Params {
+    offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
+    rows: u32,      // rows of this shard
+    k: u32,
+    ldo: u32,       // row stride of out (N)
+    row0: u32,      // output row of the shard's first row
+    wbyte: u32,     // byte offset of the shard's first row past the word at its base offset (0..3)
+    row_bytes: u32,
+    nchunks: u32,   // K / 32
+    eps: f32,       // NORM
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+#if XV4
+@group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
+#else
+@group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
+#endif
+@group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
+
+const NB = 1u;
+const R = {{R}}u;
+const WG = 256u;
+const TEAMS = 8u;
+const MAXB = {{MAXB}}u;
+
+// x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql; and (dx, sum x).
+var<workgroup> xq: array<u32, MAXB * 16u>;
+var<workgroup> xd: array<vec2<f32>, MAXB>;
+// Per-subgroup partial sums of x^2 (NORM), for up to WG subgroups.
+var<workgroup> sq_part: array<f32, WG>;
+
+fn max4(v: vec4<f32>) -> f32 {
+    return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+// Quantizes block c of the (prologue'd) input into xq / xd.
+fn quantize_block(c: u32) {
+    let e = 32u * c;
+    let v0 = x_in4(0u, e);
+    let v1 = x_in4(0u, e + 4u);
+    let v2 = x_in4(0u, e + 8u);
+    let v3 = x_in4(0u, e + 12u);
+    let v4 = x_in4(0u, e + 16u);
+    let v5 = x_in4(0u, e + 20u);
+    let v6 = x_in4(0u, e + 24u);
+    let v7 = x_in4(0u, e + 28u);
+    let m = max(
+        max(max(max4(abs(v0)), max4(abs(v1))), max(max4(abs(v2)), max4(abs(v3)))),
+        max(max(max4(abs(v4)), max4(abs(v5))), max(max4(abs(v6)), max4(abs(v7)))),
+    );
+    let inv = select(0.0, 127.0 / m, m > 0.0);
+    let o = 16u * c;
+    split(v0 * inv, o);
+    split(v1 * inv, o + 1u);
+    split(v2 * inv, o + 2u);
+    split(v3 * inv, o + 3u);
+    split(v4 * inv, o + 4u);
+    split(v5 * inv, o + 5u);
+    split(v6 * inv, o + 6u);
+    split(v7 * inv, o + 7u);
+    let sx = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
+    xd[c] = vec2<f32>(m / 127.0, (sx.x + sx.y) + (sx.z + sx.w));
+}
+
+// Four scaled values (|s| <= 127) as qh = round(s) at xq[o] and ql = round((s - qh) 254) at xq[o + 8].
+fn split(s: vec4<f32>, o: u32) {
+    let h = round(s);
+    xq[o] = pack4xI8(vec4<i32>(h));
+    xq[o + 8u] = pack4xI8(vec4<i32>(round((s - h) * 254.0)));
+}
+
+// sum q x over a block in units of dx, from the 8 weight words `wq` (4 int8 or 4-bit values each, in
+// x's element order) and the block's x words.
+fn dot_block(wq: array<u32, 8>, x: array<u32, 16>) -> f32 {
+    let h = ((dot4I8Packed(wq[0], x[0]) + dot4I8Packed(wq[1], x[1])) + (dot4I8Packed(wq[2], x[2]) + dot4I8Packed(wq[3], x[3])))
+        + ((dot4I8Packed(wq[4], x[4]) + dot4I8Packed(wq[5], x[5])) + (dot4I8Packed(wq[6], x[6]) + dot4I8Packed(wq[7], x[7])));
+    let l = ((dot4I8Packed(wq[0], x[8]) + dot4I8Packed(wq[1], x[9])) + (dot4I8Packed(wq[2], x[10]) + dot4I8Packed(wq[3], x[11])))
+        + ((dot4I8Packed(wq[4], x[12]) + dot4I8Packed(wq[5], x[13])) + (dot4I8Packed(wq[6], x[14]) + dot4I8Packed(wq[7], x[15])));
+    return fma(f32(l), 1.0 / 254.0, f32(h));
+}
+
+// Sixteen nibbles (elements 0..16 low, 16..32 high) as 8 words of 4-bit values in element order.
+fn nibble_words(w0: u32, w1: u32, w2: u32, w3: u32) -> array<u32, 8> {
+    let m = 0x0F0F0F0Fu;
+    return array<u32, 8>(w0 & m, w1 & m, w2 & m, w3 & m, (w0 >> 4u) & m, (w1 >> 4u) & m, (w2 >> 4u) & m, (w3 >> 4u) & m);
+}
+
+#if Q4_0
+fn block_dot(r: Raw, x: array<u32, 16>, dx: vec2<f32>) -> f32 {
+    let o = r.odd;
+    let a = r.a;
+    let q = nibble_words(at2(a[0], a[1], o), at2(a[1], a[2], o), at2(a[2], a[3], o), at2(a[3], a[4], o));
+    return half0(a[0], o) * fma(dx.x, dot_block(q, x), -8.0 * dx.y);
+}
+#endif
+
+#if Q4_1
+fn block_dot(r: Raw, x: array<u32, 16>, dx: vec2<f32>) -> f32 {
+    let o = r.odd;
+    let a = r.a;
+    let q = nibble_words(at0(a[1], a[2], o), at0(a[2], a[3], o), at0(a[3], a[4], o), at0(a[4], a[5], o));
+    let dm = unpack2x16float(at0(a[0], a[1], o));
+    return fma(dm.x * dx.x, dot_block(q, x), dm.y * dx.y);
+}
+#endif
+
+#if Q8_0
+fn block_dot(r: Raw, x: array<u32, 16>, dx: vec2<f32>) -> f32 {
+    let o = r.odd;
+    let a = r.a;
+    let q = array<u32, 8>(
+        at2(a[0], a[1], o), at2(a[1], a[2], o), at2(a[2], a[3], o), at2(a[3], a[4], o),
+        at2(a[4], a[5], o), at2(a[5], a[6], o), at2(a[6], a[7], o), at2(a[7], a[8], o),
+    );
+    return half0(a[0], o) * dx.x * dot_block(q, x);
+}
+#endif
+
+@compute @workgroup_size(WG)
+fn matvec(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+) {
+    // 1. The input row, quantized once per workgroup (and, with NORM, its sum of squares).
+    fuse_begin_row();
+    for (var c = lid; c < p.nchunks; c += WG) {
+        quantize_block(c);
+    }
+#if NORM
+    let part = subgroupAdd((sq[0].x + sq[0].y) + (sq[0].z + sq[0].w));
+    if lane == 0u {
+        sq_part[sg] = part;
+    }
+#endif
+    workgroupBarrier();
+#if NORM
+    var sumsq = 0.0;
+    for (var i = 0u; i < nsg; i++) {
+        sumsq += sq_part[i];
+    }
+#endif
+
+    // 2. Teams of R rows; lanes stride over the blocks.
+    let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R;
+    for (var g = sg; g < TEAMS; g += nsg) {
+        let first = wg_first + g * R;
+        if first >= p.rows {
+            break;
+        }
+        var rb: array<u32, R>;
+        for (var r = 0u; r < R; r++) {
+            rb[r] = tensor_base(1u) * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
+        }
+        var acc: array<f32, R>;
+        for (var c = lane; c < p.nchunks; c += sgs) {
+            let o = 16u * c;
+            let x = array<u32, 16>(
+                xq[o], xq[o + 1u], xq[o + 2u], xq[o + 3u], xq[o + 4u], xq[o + 5u], xq[o + 6u], xq[o + 7u],
+                xq[o + 8u], xq[o + 9u], xq[o + 10u], xq[o + 11u], xq[o + 12u], xq[o + 13u], xq[o + 14u], xq[o + 15u],
+            );
+            let dx = xd[c];
+            for (var r = 0u; r < R; r++) {
+                acc[r] += block_dot(load(rb[r], c), x, dx);
+            }
+        }
+        for (var r = 0u; r < R; r++) {
+            let s = subgroupAdd(acc[r]);
+            let row = first + r;
+            if lane == 0u && row < p.rows {
+#if NORM
+                write_out(row, 0u, vec2<f32>(s, sumsq));
+#else
+                write_out(row, 0u, s);
+#endif
+            }
+        }
+    }
+}
