@@ -11,11 +11,14 @@
 //!   workgroups (flash-decoding) which write partial (max, sum, accumulator) rows to a scratch the
 //!   builder allocates once, and a second small dispatch merges them.
 //!
-//! A cooperative-matrix prefill would slot in as a third variant with the same arguments.
+//! - coop (`shaders/attention_coop.wgsl`, built in [`super::attention_coop`]): the prefill on
+//!   cooperative matrices (tensor cores) for f16 q/k/v, chosen by `Auto` where the device has them;
+//!   `CoopEmulated` runs the same kernel with the matrix operations as plain loops (tests).
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
+use crate::kernels::attention_coop::{self, CoopTile};
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Layout, Tensor};
@@ -39,13 +42,20 @@ const MAX_SPLITS: usize = 256;
 /// Which kernel runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionVariant {
-    /// Decode when each KV head has few query rows (`Lq * Hq / Hkv <= 16`), else prefill.
+    /// Decode when each KV head has few query rows (`Lq * Hq / Hkv <= 16`), else coop where the
+    /// device has cooperative matrices and q/k/v are f16, else prefill.
     #[default]
     Auto,
     /// Query tiles per workgroup, K/V tiles in workgroup memory.
     Prefill,
     /// KV sequence split over workgroups, then a merge dispatch.
     Decode,
+    /// Prefill on cooperative matrices (f16 q/k/v, a device with 16x16 f16 cooperative matrices
+    /// and subgroups of 32; an error elsewhere).
+    Coop,
+    /// The coop kernel with its matrix operations emulated by plain loops: any device with f16; for
+    /// testing the coop algorithm where cooperative matrices are missing (slow).
+    CoopEmulated,
 }
 
 /// Options of [`attention`].
@@ -64,6 +74,9 @@ pub struct AttentionOptions {
     /// Prefill: tile shape (default: the largest that fits the device, see [`prefill_tile`]); for
     /// tuning and tests.
     pub prefill_tile: Option<PrefillTile>,
+    /// Coop variants: tile shape (default: the largest that fits, see
+    /// [`attention_coop::coop_tile`]); for tuning and tests.
+    pub coop_tile: Option<CoopTile>,
 }
 
 impl AttentionOptions {
@@ -78,26 +91,42 @@ impl AttentionOptions {
 
 /// Shapes of one call, checked.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    b: usize,
-    lq: usize,
-    lkv: usize,
-    hq: usize,
-    hkv: usize,
-    d: usize,
+pub(crate) struct Dims {
+    pub b: usize,
+    pub lq: usize,
+    pub lkv: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
     /// Query heads per KV head.
-    g: usize,
+    pub g: usize,
 }
 
 impl Dims {
     /// Query rows per (batch, KV head).
-    fn rows(&self) -> usize {
+    pub fn rows(&self) -> usize {
         self.lq * self.g
+    }
+
+    /// K/V rows one (batch, KV head) streams at a full step when each tile of `tile_rows` query rows
+    /// reads the keys up to its causal limit once: the bytes [`Cost`] reports.
+    pub fn kv_rows_streamed(&self, tile_rows: usize, causal: bool) -> f64 {
+        let rows = self.rows();
+        (0..rows.div_ceil(tile_rows))
+            .map(|t| {
+                if !causal {
+                    return self.lkv as f64;
+                }
+                let pos0 = self.lkv.saturating_sub(self.lq);
+                let last = ((t + 1) * tile_rows).min(rows) - 1;
+                (pos0 + last / self.g + 1).min(self.lkv) as f64
+            })
+            .sum()
     }
 
     /// (query, key) pairs one head visits at a full step (kv_len = Lkv, the last query row at the
     /// last key when causal): the work [`Cost`] reports.
-    fn visible_pairs(&self, causal: bool) -> f64 {
+    pub fn visible_pairs(&self, causal: bool) -> f64 {
         if !causal {
             return (self.lq * self.lkv) as f64;
         }
@@ -128,15 +157,42 @@ pub fn attention(
 ) -> Result<Vec<Dispatch>> {
     let dims = check(gpu, q, k, v, out, step)?;
     let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
-    match resolve_variant(&dims, opts) {
+    let coop = |emulated| {
+        attention_coop::coop(
+            gpu,
+            q,
+            k,
+            v,
+            out,
+            step,
+            &dims,
+            scale,
+            opts.causal,
+            emulated,
+            opts.coop_tile,
+        )
+        .map(|d| vec![d])
+    };
+    match resolve_variant(gpu, q, k, &dims, opts) {
         AttentionVariant::Decode => decode(gpu, q, k, v, out, step, &dims, scale, opts),
+        AttentionVariant::Coop => coop(false),
+        AttentionVariant::CoopEmulated => coop(true),
         _ => Ok(vec![prefill(gpu, q, k, v, out, step, &dims, scale, opts)?]),
     }
 }
 
-fn resolve_variant(dims: &Dims, opts: &AttentionOptions) -> AttentionVariant {
+fn resolve_variant(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    dims: &Dims,
+    opts: &AttentionOptions,
+) -> AttentionVariant {
     match opts.variant {
         AttentionVariant::Auto if dims.rows() <= AUTO_DECODE_ROWS => AttentionVariant::Decode,
+        AttentionVariant::Auto if attention_coop::coop_usable(&gpu.caps, q, k, dims.d) => {
+            AttentionVariant::Coop
+        }
         AttentionVariant::Auto => AttentionVariant::Prefill,
         v => v,
     }
@@ -404,16 +460,7 @@ fn prefill(
         scale.to_bits(),
     ];
     // K/V bytes: each query tile streams the keys up to its causal limit once.
-    let kv_rows: f64 = (0..tiles)
-        .map(|t| {
-            if !opts.causal {
-                return dims.lkv as f64;
-            }
-            let pos0 = dims.lkv.saturating_sub(dims.lq);
-            let last = ((t + 1) * tile.query_rows()).min(rows) - 1;
-            (pos0 + last / dims.g + 1).min(dims.lkv) as f64
-        })
-        .sum();
+    let kv_rows = dims.kv_rows_streamed(tile.query_rows(), opts.causal);
     let cost = Cost {
         flops: 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(opts.causal),
         bytes: (q.byte_len() + out.byte_len()) as f64

@@ -12,6 +12,7 @@ mod preprocess;
 
 pub mod activation;
 pub mod attention;
+pub mod attention_coop;
 pub mod conv;
 pub mod conv_coop;
 pub mod copy;

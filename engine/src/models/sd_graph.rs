@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::activation::{UnaryOp, unary};
-use crate::kernels::attention::{AttentionOptions, AttentionVariant, MAX_HEAD_DIM, attention};
+use crate::kernels::attention::{AttentionOptions, MAX_HEAD_DIM, attention};
 use crate::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan};
 use crate::kernels::elementwise::{BinaryOp, binary};
 use crate::kernels::geglu::geglu;
@@ -765,10 +765,9 @@ impl Graph {
                         gpu.write_tensor_bytes(&s, bytemuck::cast_slice(&[lkv as u32, 0u32]))?;
                         e.insert(s);
                     }
-                    let opts = AttentionOptions {
-                        variant: AttentionVariant::Prefill,
-                        ..Default::default()
-                    };
+                    // Auto: the cooperative-matrix kernel where the device has it, the prefill one
+                    // otherwise (SD's query lengths are never decode-sized).
+                    let opts = AttentionOptions::default();
                     program.extend(attention(
                         gpu,
                         get(*q)?,

@@ -3,12 +3,18 @@
 //! cache prefix, head dims 32..160, f16 K/V under f32 q/out and all-f16, views at offsets (vector and
 //! scalar loads), both variants and both row-max reductions. K/V rows past kv_len are NaN, so a read
 //! of one shows up in the output.
+//!
+//! The cooperative-matrix variant runs [`coop_cases`] on devices that have it (plus every f16 case
+//! above, which `Auto` sends to it there); [`coop_emulated_checks`] runs the same cases through the
+//! emulated kernel on any f16 device, which is how the coop algorithm is tested on lavapipe.
 
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::attention::{AttentionOptions, AttentionVariant, PrefillTile, attention};
+use crate::kernels::attention_coop::CoopTile;
+use crate::kernels::matmul::coop_available;
 use crate::memory::Category;
 use crate::reference::attention::{self as r, Dims};
 use crate::tensor::{DType, Tensor};
@@ -32,6 +38,7 @@ pub struct Case {
     pub subgroups: Option<bool>,
     pub splits: Option<usize>,
     pub tile: Option<PrefillTile>,
+    pub coop_tile: Option<CoopTile>,
     /// Element offsets of q, k/v and out inside larger buffers (views).
     pub q_offset: usize,
     pub kv_offset: usize,
@@ -58,6 +65,7 @@ impl Case {
             subgroups: None,
             splits: None,
             tile: None,
+            coop_tile: None,
             q_offset: 0,
             kv_offset: 0,
             out_offset: 0,
@@ -197,11 +205,86 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             },
         ]);
     }
+    if coop_available(&gpu.caps) {
+        cases.extend(coop_cases(AttentionVariant::Coop));
+    }
     let mut out = Vec::new();
     for case in &cases {
         out.extend(check(gpu, rng, case)?);
     }
     Ok(out)
+}
+
+/// [`coop_cases`] through the emulated cooperative kernel (any device with f16).
+pub fn coop_emulated_checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    if gpu.caps.f16 {
+        for case in &coop_cases(AttentionVariant::CoopEmulated) {
+            out.extend(check(gpu, rng, case)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Awkward shapes for the cooperative kernel (f16 q/k/v): rows not a multiple of the 64-row tile,
+/// kv_len below the cache's rows, causal prefill after a prefix, GQA 4:1, head dims 32..256 (padded
+/// to 16 in the kernel), batch 2, f32 and f16 outputs, scalar-loaded views, small tiles, a steep
+/// softmax whose running max moves by more than the lazy-rescale threshold, an empty cache.
+pub fn coop_cases(variant: AttentionVariant) -> Vec<Case> {
+    let (f, h) = (DType::F32, DType::F16);
+    let c = |b, lq, lkv, hq, hkv, d, causal| {
+        Case::new(b, lq, lkv, hq, hkv, d, causal)
+            .dtypes(h, h, h)
+            .variant(variant)
+    };
+    vec![
+        // GQA 4:1, 68 rows per KV head, D = 40 (SD's head dim, padded to 48).
+        c(1, 17, 17, 4, 1, 40, true),
+        // Batch 2, kv_len 40 of 45 rows, f32 output.
+        c(2, 33, 45, 2, 2, 64, false)
+            .dtypes(h, h, f)
+            .steps(&[(40, 0)]),
+        // Causal prefill after a 29-token prefix, GQA 4:1, D = 80; then an empty cache.
+        c(1, 21, 60, 8, 2, 80, true).steps(&[(50, 29), (0, 0)]),
+        // Several query and key tiles, D = 128.
+        c(1, 70, 70, 2, 2, 128, true),
+        // Scale 4: scores spread over tens, so rows' maxima jump between key tiles (rescales).
+        Case {
+            scale: Some(4.0),
+            ..c(1, 40, 200, 2, 1, 64, true).steps(&[(200, 160)])
+        },
+        Case {
+            scale: Some(4.0),
+            ..c(2, 19, 150, 2, 2, 40, false).dtypes(h, h, f)
+        },
+        // Stable Diffusion cross-attention (77 text tokens), f32 output.
+        c(2, 19, 77, 2, 2, 40, false).dtypes(h, h, f),
+        // Large head dims (the smallest tiles).
+        c(1, 5, 9, 1, 1, 160, false),
+        c(1, 5, 9, 1, 1, 256, true).steps(&[(9, 4)]),
+        // Views: q, K/V and out offsets that force scalar loads and stores.
+        Case {
+            q_offset: 2,
+            kv_offset: 3,
+            out_offset: 6,
+            ..c(1, 10, 21, 4, 1, 32, true).steps(&[(21, 11)])
+        },
+        // Forced small tiles: 2 subgroups x 16 keys, 1 subgroup x 32 keys.
+        Case {
+            coop_tile: Some(CoopTile {
+                subgroups: 2,
+                keys: 16,
+            }),
+            ..c(1, 21, 60, 8, 2, 80, true).steps(&[(50, 29)])
+        },
+        Case {
+            coop_tile: Some(CoopTile {
+                subgroups: 1,
+                keys: 32,
+            }),
+            ..c(2, 33, 45, 2, 2, 40, false).steps(&[(45, 0)])
+        },
+    ]
 }
 
 /// A fresh buffer and a `shape` view `offset` elements into it.
@@ -243,6 +326,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         subgroups: c.subgroups,
         splits: c.splits,
         prefill_tile: c.tile,
+        coop_tile: c.coop_tile,
     };
     let mut prog = Program::new();
     prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);
@@ -286,7 +370,11 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         let want = r::attention(&qv, &kv[0], &kv[1], dims, kv_len, q_pos0, scale, c.causal);
         // Outputs are convex combinations of v in [-1, 1]: f32 errors come from the f32 scores
         // (D-long dot products) and exp; f16 outputs are bounded by their rounding.
+        let coop = matches!(prog.dispatches[0].name.split('_').nth(1), Some("coop"));
         let atol = match c.out_dtype {
+            // The coop kernels round the probabilities to f16 (relative 2^-11) before P V: the
+            // output, a convex combination of v in [-1, 1], moves by at most about 2 * 2^-11.
+            _ if coop => 1e-3,
             DType::F16 => 2e-4,
             _ => 2e-6 + 2e-7 * (d as f64).sqrt() * scale.max(0.125) * 8.0,
         };
@@ -309,6 +397,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
                 },
                 c.tile
                     .map(|t| format!(" tile{}x{}", t.ny, t.tk))
+                    .or(c
+                        .coop_tile
+                        .map(|t| format!(" tile{}x{}", t.query_rows(), t.keys)))
                     .unwrap_or_default(),
                 if c.q_offset + c.kv_offset + c.out_offset > 0 {
                     format!(" views@{}/{}/{}", c.q_offset, c.kv_offset, c.out_offset)

@@ -1,5 +1,7 @@
 use crate::common::{gpu, run_checks};
+use crate::spirv::to_spirv;
 use drift_engine::kernels::attention::{self as kernel, AttentionOptions, AttentionVariant};
+use drift_engine::kernels::attention_coop::{CoopConfig, CoopTile};
 use drift_engine::profiler::Profiler;
 use drift_engine::selftest::attention;
 use drift_engine::{Category, DType, Program};
@@ -7,6 +9,80 @@ use drift_engine::{Category, DType, Program};
 #[test]
 fn attention_matches_reference() {
     run_checks(attention::checks);
+}
+
+/// The cooperative-matrix algorithm (tiling, masks, lazy online softmax, GQA, padding, edges) with
+/// its matrix operations emulated: runs on lavapipe.
+#[test]
+fn attention_coop_emulated_matches_reference() {
+    run_checks(attention::coop_emulated_checks);
+}
+
+/// Explicit coop where it cannot run is a clear error, not a fallback.
+#[test]
+fn attention_coop_refuses_what_it_cannot_run() {
+    let gpu = gpu();
+    let t = |shape: &[usize], dt| gpu.tensor("t", shape, dt, Category::Activations).unwrap();
+    let step = t(&[2], DType::U32);
+    let run = |dt, variant| {
+        let (q, k) = (t(&[1, 64, 2, 64], dt), t(&[1, 64, 2, 64], dt));
+        let opts = AttentionOptions {
+            variant,
+            ..Default::default()
+        };
+        kernel::attention(gpu, &q, &k, &k, &q, &step, &opts).map(|_| ())
+    };
+    let err = run(DType::F32, AttentionVariant::CoopEmulated).unwrap_err();
+    assert!(err.to_string().contains("needs f16 q, k and v"), "{err}");
+    if !drift_engine::kernels::matmul::coop_available(&gpu.caps) {
+        let err = run(DType::F16, AttentionVariant::Coop).unwrap_err();
+        assert!(err.to_string().contains("cooperative matrices"), "{err}");
+    }
+}
+
+/// The cooperative-matrix kernel cannot run on lavapipe: check every specialisation offline (parse,
+/// validate, SPIR-V), with real and emulated matrices, so it is known to compile before it meets
+/// the H200. Shapes: the tiles the H200 picks for D = 40, 64, 80, 128, 160, 256 and smaller ones.
+#[test]
+fn attention_coop_compiles_to_spirv() {
+    let source = drift_engine::shader!("attention_coop.wgsl");
+    let shapes = [
+        (40, 4, 64, 1),
+        (64, 4, 64, 4),
+        (80, 4, 32, 1),
+        (128, 4, 32, 4),
+        (160, 4, 16, 1),
+        (256, 2, 16, 2),
+        (40, 1, 16, 3),
+    ];
+    let mut n = 0;
+    for (d, subgroups, keys, g) in shapes {
+        for bits in 0..1u32 << 7 {
+            let on = |i: u32| (bits >> i) & 1 == 1;
+            let config = CoopConfig {
+                d,
+                tile: CoopTile { subgroups, keys },
+                g,
+                causal: on(0),
+                coop: on(1),
+                subgroups: on(2),
+                vec_q: on(3),
+                vec_kv: on(4),
+                vec_out: on(5),
+                out_f16: on(6),
+            };
+            // Real matrices always run with subgroups of 32.
+            if config.coop && !config.subgroups {
+                continue;
+            }
+            let words = to_spirv("attention_coop", source, &config.defines());
+            // OpCapability CooperativeMatrixKHR (6022) exactly when the matrices are real.
+            let declared = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
+            assert_eq!(declared, config.coop, "{config:?}");
+            n += 1;
+        }
+    }
+    assert_eq!(n, 7 * 96);
 }
 
 /// GPU time of the attention kernels at model sizes (not a correctness test; run on a real GPU with

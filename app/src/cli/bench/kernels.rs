@@ -148,6 +148,7 @@ pub fn run_all(
                         rows_per_team: r,
                         chunks_per_step: u,
                         trusted,
+                        dp4a: false,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -357,7 +358,8 @@ pub fn run_all(
 
 /// SD 1.5's convolutions: the UNet's 3x3 at 64x64 x 320 (batch 2) and the VAE decoder's at 128x128 x 512,
 /// with the kernel this device picks (`conv2d 3x3 2x320x64x64 -> 320`), the portable one (`... portable`)
-/// and, where the device has it, the cooperative one in its eight-subgroup layout (`... coop`) and its
+/// and, where the device has it, the cooperative one in its eight-subgroup layout with K steps of 64
+/// (`... coop`), the same with K steps of 32 and a register prefetch (`... coop-bk32`) and its
 /// four-subgroup one (`... coop-sg4`). The filter "convcoopsweep" adds the cooperative kernel at SD's
 /// other map sizes with forced K splits (to tune its split rule).
 fn conv_cases(
@@ -380,6 +382,12 @@ fn conv_cases(
         cases.push((format!("{name} portable"), x, Conv2dVariant::P64C4, None));
         if coop {
             cases.push((format!("{name} coop"), x, Conv2dVariant::Coop, None));
+            cases.push((
+                format!("{name} coop-bk32"),
+                x,
+                Conv2dVariant::CoopBk32,
+                None,
+            ));
             cases.push((format!("{name} coop-sg4"), x, Conv2dVariant::CoopSg4, None));
         }
     }
@@ -417,7 +425,7 @@ fn conv_cases(
         // The portable kernel streams transposed weights fastest, the cooperative one needs row-major
         // (the weights are zeros: the same bytes in either layout).
         w.layout = match variant {
-            Conv2dVariant::Coop | Conv2dVariant::CoopSg4 => Layout::RowMajor,
+            v if v.is_coop() => Layout::RowMajor,
             Conv2dVariant::Auto => w.layout,
             _ => Layout::Transposed,
         };

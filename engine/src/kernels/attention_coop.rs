@@ -1,0 +1,428 @@
+//! The cooperative-matrix prefill variant of [`crate::kernels::attention`] (`shaders/attention_coop.wgsl`):
+//! f16 q/k/v on tensor cores, f32 scores and accumulation, lazily rescaled online softmax. Without
+//! cooperative matrices the same kernel runs with its matrix operations emulated by plain loops
+//! ([`AttentionVariant::CoopEmulated`](crate::kernels::attention::AttentionVariant)), which is how
+//! the whole algorithm is tested on devices that lack them.
+
+use crate::error::{DriftError, Result};
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::{Caps, Gpu};
+use crate::kernels::attention::Dims;
+use crate::kernels::matmul::coop_available;
+use crate::kernels::{KernelSpec, grid};
+use crate::shader;
+use crate::tensor::{DType, Tensor};
+
+/// Tile of the cooperative kernel: `subgroups` subgroups of 32 own 16 query rows each and walk the
+/// keys `keys` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopTile {
+    pub subgroups: usize,
+    pub keys: usize,
+}
+
+impl CoopTile {
+    pub fn query_rows(&self) -> usize {
+        16 * self.subgroups
+    }
+
+    pub fn threads(&self) -> usize {
+        32 * self.subgroups
+    }
+
+    /// Workgroup memory the kernel declares for head dim `d` (mirrors the shader's arrays).
+    pub fn shared_bytes(&self, d: usize, subgroups: bool) -> usize {
+        let (qp, kp_s) = (self.qp(d), self.kp_s(d));
+        let vec4h = self.query_rows() * qp + kp_s + self.keys * qp;
+        let f32s =
+            self.query_rows() * (self.keys + 4) + 1 + if subgroups { 0 } else { self.threads() };
+        vec4h * 8 + f32s * 4
+    }
+
+    /// Row pitch (vec4<f16>) of the Q, K and V tiles.
+    fn qp(&self, d: usize) -> usize {
+        padded_dim(d) / 4 + 2
+    }
+
+    /// Length (vec4<f16>) of the array shared by the K tile and the probabilities.
+    fn kp_s(&self, d: usize) -> usize {
+        (self.keys * self.qp(d)).max(self.query_rows() * (self.keys / 4 + 2))
+    }
+
+    fn valid(&self) -> bool {
+        [1, 2, 4].contains(&self.subgroups) && [16, 32, 64].contains(&self.keys)
+    }
+}
+
+/// `d` rounded up to the 16 columns of a matrix tile.
+fn padded_dim(d: usize) -> usize {
+    d.next_multiple_of(16)
+}
+
+/// The preferred tile that fits `caps` for head dim `d`: most query rows (K/V reuse), then most keys
+/// (fewer barriers per key).
+pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
+    [
+        (4, 64),
+        (4, 32),
+        (4, 16),
+        (2, 64),
+        (2, 32),
+        (2, 16),
+        (1, 16),
+    ]
+    .map(|(subgroups, keys)| CoopTile { subgroups, keys })
+    .into_iter()
+    .find(|t| fits(caps, t, d, subgroups))
+}
+
+fn fits(caps: &Caps, t: &CoopTile, d: usize, subgroups: bool) -> bool {
+    t.shared_bytes(d, subgroups) <= caps.max_workgroup_storage as usize
+        && t.threads() <= caps.max_invocations_per_workgroup as usize
+}
+
+/// Whether the real (tensor-core) kernel can run for these tensors: f16 q/k/v, a device with 16x16
+/// f16 cooperative matrices and subgroups of 32, and a tile that fits for `d`.
+pub fn coop_usable(caps: &Caps, q: &Tensor, k: &Tensor, d: usize) -> bool {
+    q.dtype == DType::F16
+        && k.dtype == DType::F16
+        && coop_available(caps)
+        && coop_tile(caps, d, true).is_some()
+}
+
+/// Whether subgroup shuffles can do the kernel's pair exchanges: lanes 2i and 2i + 1 of a role
+/// order built from subgroups must share a subgroup, and subgroups must be full.
+fn pair_shuffles_usable(caps: &Caps, threads: usize) -> bool {
+    caps.subgroup
+        && caps.subgroup_min_size >= 2
+        && caps.subgroup_max_size.is_power_of_two()
+        && caps.subgroup_max_size as usize <= threads
+}
+
+/// One specialisation of `shaders/attention_coop.wgsl` (everything the host decides).
+#[derive(Clone, Debug)]
+pub struct CoopConfig {
+    pub d: usize,
+    pub tile: CoopTile,
+    /// Query heads per KV head.
+    pub g: usize,
+    pub causal: bool,
+    /// Real cooperative matrices (else emulated).
+    pub coop: bool,
+    /// Roles and pair exchanges from subgroups (required by `coop`).
+    pub subgroups: bool,
+    /// q, k/v read and out written as vec4.
+    pub vec_q: bool,
+    pub vec_kv: bool,
+    pub vec_out: bool,
+    pub out_f16: bool,
+}
+
+impl CoopConfig {
+    /// The preprocessor defines, generated blocks included.
+    pub fn defines(&self) -> Vec<(&'static str, String)> {
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        let t = &self.tile;
+        let dp = padded_dim(self.d);
+        let loads = (t.keys * dp / 4).div_ceil(t.threads());
+        let mut defs = vec![
+            ("COOP", flag(self.coop)),
+            ("SG", flag(self.subgroups)),
+            ("QV", flag(self.vec_q)),
+            ("KV", flag(self.vec_kv)),
+            ("OV", flag(self.vec_out)),
+            ("OT", if self.out_f16 { "f16" } else { "f32" }.into()),
+            ("D", self.d.to_string()),
+            ("DP", dp.to_string()),
+            ("NSG", t.subgroups.to_string()),
+            ("BK", t.keys.to_string()),
+            ("KPS", t.kp_s(self.d).to_string()),
+            ("G", self.g.to_string()),
+            ("LOADS", loads.to_string()),
+            ("CAUSAL", flag(self.causal)),
+        ];
+        defs.extend(bodies(dp / 16, t.keys / 16));
+        defs
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "attention_{}_d{}_{}x{}_{}{}{}",
+            if self.coop { "coop" } else { "coop_emulated" },
+            self.d,
+            self.tile.query_rows(),
+            self.tile.keys,
+            if self.out_f16 { "h" } else { "f" },
+            if self.causal { "_causal" } else { "" },
+            if self.subgroups { "_sg" } else { "" },
+        )
+    }
+}
+
+/// `n` statements, one per line, indented for the kernel's loop body.
+fn lines(n: usize, f: impl Fn(usize) -> String) -> String {
+    (0..n)
+        .map(|i| format!("        {}\n", f(i)))
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+/// The generated blocks of the shader over `nd` output accumulators (head dim / 16) and `nk` score
+/// accumulators (tile keys / 16); accumulators are named variables so nothing indexes them.
+fn bodies(nd: usize, nk: usize) -> Vec<(&'static str, String)> {
+    let decl = (0..nd)
+        .map(|i| format!("    var o{i} = zero_c();\n"))
+        .collect::<String>()
+        .trim_end()
+        .to_string();
+    // S: for each 16-deep slice of the head dim, one Q tile against nk K tiles.
+    let mut s = lines(nk, |j| format!("var s{j} = zero_c();"));
+    for kd in 0..nd {
+        let mmas: String = (0..nk)
+            .map(|j| {
+                format!(
+                    " s{j} = mma(a, load_k_b({}u * QP + {}u), s{j});",
+                    16 * j,
+                    4 * kd
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "\n        {{ let a = load_q_a(w * 16u * QP + {}u);{mmas} }}",
+            4 * kd
+        ));
+    }
+    s.push('\n');
+    s.push_str(&lines(nk, |j| {
+        format!("store_c(s{j}, w * 16u * SP + {}u);", 16 * j)
+    }));
+    // O += P V: for each 16 keys, one P tile against nd V tiles.
+    let pv = lines(nk, |kk| {
+        let mmas: String = (0..nd)
+            .map(|c| {
+                format!(
+                    " o{c} = mma(a, load_v_b({}u * QP + {}u), o{c});",
+                    16 * kk,
+                    4 * c
+                )
+            })
+            .collect();
+        format!("{{ let a = load_p_a(w * 16u * PP + {}u);{mmas} }}", 4 * kk)
+    });
+    // Round trips through s_s, nk accumulators (16 nk <= BK columns) at a time.
+    let chunks: Vec<(usize, usize)> = (0..nd)
+        .step_by(nk)
+        .map(|c0| (c0, nk.min(nd - c0)))
+        .collect();
+    let stores = |c0: usize, n: usize| -> String {
+        (0..n)
+            .map(|t| format!(" store_c(o{}, w * 16u * SP + {}u);", c0 + t, 16 * t))
+            .collect()
+    };
+    let rescale = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, &(c0, n))| {
+            let loads: String = (0..n)
+                .map(|t| format!(" o{} = load_c(w * 16u * SP + {}u);", c0 + t, 16 * t))
+                .collect();
+            let sep = if i + 1 < chunks.len() {
+                " workgroupBarrier();"
+            } else {
+                ""
+            };
+            format!(
+                "           {} workgroupBarrier(); scale_row(srow, h, {n}u, alpha); workgroupBarrier();{loads}{sep}\n",
+                stores(c0, n)
+            )
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_string();
+    let store = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, &(c0, n))| {
+            let sep = if i + 1 < chunks.len() {
+                " workgroupBarrier();"
+            } else {
+                ""
+            };
+            format!(
+                "   {} workgroupBarrier(); if live {{ write_row(srow, h, {n}u, {}u, o_row, inv); }}{sep}\n",
+                stores(c0, n),
+                16 * c0
+            )
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_string();
+    vec![
+        ("DECL_O", decl),
+        ("S_BODY", s),
+        ("PV_BODY", pv),
+        ("RESCALE_BODY", rescale),
+        ("STORE_BODY", store),
+    ]
+}
+
+/// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4).
+fn vec4_ok(t: &Tensor) -> bool {
+    (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
+}
+
+/// The dispatch of the cooperative kernel (`emulated`: matrix operations as plain loops).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coop(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    dims: &Dims,
+    scale: f32,
+    causal: bool,
+    emulated: bool,
+    tile: Option<CoopTile>,
+) -> Result<Dispatch> {
+    let caps = &gpu.caps;
+    let what = if emulated {
+        "emulated cooperative-matrix"
+    } else {
+        "cooperative-matrix"
+    };
+    if q.dtype != DType::F16 || k.dtype != DType::F16 {
+        return Err(DriftError::Unsupported(format!(
+            "{what} attention needs f16 q, k and v (got {:?} q, {:?} k/v)",
+            q.dtype, k.dtype
+        )));
+    }
+    if !emulated && !coop_available(caps) {
+        return Err(DriftError::Unsupported(
+            "cooperative-matrix attention needs a device with 16x16 f16 cooperative matrices and \
+             subgroups of 32"
+                .into(),
+        ));
+    }
+    let d = dims.d;
+    // With real matrices, subgroups are required (and are 32 wide); emulated, they are used where
+    // the pair exchange can.
+    let sg_wanted = !emulated || caps.subgroup;
+    let tile = match tile {
+        Some(t) => {
+            let sg = sg_wanted && pair_shuffles_usable(caps, t.threads());
+            if !t.valid() || !fits(caps, &t, d, sg) {
+                return Err(DriftError::Unsupported(format!(
+                    "attention: {what} tile {t:?} does not fit this device for head dim {d}"
+                )));
+            }
+            t
+        }
+        None => coop_tile(caps, d, sg_wanted)
+            .filter(|t| !sg_wanted || pair_shuffles_usable(caps, t.threads()))
+            .or_else(|| coop_tile(caps, d, false))
+            .ok_or_else(|| {
+                DriftError::Unsupported(format!(
+                    "attention: head dim {d} needs more workgroup memory for the {what} kernel \
+                     than the device's {} bytes",
+                    caps.max_workgroup_storage
+                ))
+            })?,
+    };
+    let sg = sg_wanted && pair_shuffles_usable(caps, tile.threads()) && fits(caps, &tile, d, true);
+    if !emulated && !sg {
+        return Err(DriftError::Unsupported(format!(
+            "attention: the cooperative-matrix kernel needs {} invocations in subgroups of 32",
+            tile.threads()
+        )));
+    }
+    let config = CoopConfig {
+        d,
+        tile,
+        g: dims.g,
+        causal,
+        coop: !emulated,
+        subgroups: sg,
+        vec_q: vec4_ok(q),
+        vec_kv: vec4_ok(k) && vec4_ok(v),
+        vec_out: vec4_ok(out),
+        out_f16: out.dtype == DType::F16,
+    };
+    let spec = KernelSpec::new(
+        config.name(),
+        shader!("attention_coop.wgsl"),
+        "attention_coop",
+    )
+    .defines(config.defines());
+    let kernel = gpu.kernel(&spec)?;
+    let rows = dims.rows();
+    let heads = dims.b * dims.hkv;
+    let tiles = rows.div_ceil(tile.query_rows());
+    let groups = heads * tiles;
+    let params = [
+        rows as u32,
+        dims.lq as u32,
+        dims.lkv as u32,
+        dims.hq as u32,
+        dims.hkv as u32,
+        tiles as u32,
+        groups as u32,
+        scale.to_bits(),
+    ];
+    gpu.dispatch(
+        &kernel,
+        &params,
+        &[q, k, v, step, out],
+        grid(groups as u32, caps.max_workgroups_per_dimension),
+        Cost {
+            flops: 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(causal),
+            bytes: (q.byte_len() + out.byte_len()) as f64
+                + heads as f64
+                    * dims.kv_rows_streamed(tile.query_rows(), causal)
+                    * (2 * d) as f64
+                    * k.elem_bytes() as f64,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_the_h200_and_lavapipe() {
+        let smem = |t: (usize, usize), d, sg| {
+            CoopTile {
+                subgroups: t.0,
+                keys: t.1,
+            }
+            .shared_bytes(d, sg)
+        };
+        // 48 KiB (H200): SD's D = 40 and D = 64 take 64 x 64 tiles, D = 128 64 x 32, D = 256 32 x 16.
+        assert!(smem((4, 64), 40, true) <= 49152);
+        assert!(smem((4, 64), 64, true) <= 49152);
+        assert!(smem((4, 64), 80, true) > 49152);
+        assert!(smem((4, 32), 128, true) <= 49152);
+        assert!(smem((4, 16), 160, true) <= 49152);
+        assert!(smem((4, 16), 256, true) > 49152);
+        assert!(smem((2, 16), 256, true) <= 49152);
+        // 32 KiB (lavapipe), with the workgroup-memory exchange too.
+        assert!(smem((4, 32), 80, false) <= 32768);
+        assert!(smem((4, 16), 128, false) <= 32768);
+    }
+
+    #[test]
+    fn generated_blocks_name_every_accumulator() {
+        // D = 40 -> 3 output accumulators; 32 keys -> 2 score accumulators, so 2 round-trip chunks.
+        let b = bodies(3, 2);
+        let get = |k: &str| b.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("DECL_O").matches("zero_c()").count(), 3);
+        assert_eq!(get("S_BODY").matches("mma(").count(), 6);
+        assert_eq!(get("PV_BODY").matches("mma(").count(), 6);
+        assert_eq!(get("RESCALE_BODY").matches("load_c(").count(), 3);
+        assert_eq!(get("STORE_BODY").matches("write_row(").count(), 2);
+        assert!(get("STORE_BODY").contains("write_row(srow, h, 1u, 32u"));
+    }
+}
