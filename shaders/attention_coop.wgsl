@@ -135,10 +135,6 @@ alias MatA = coop_mat16x16<f16, A>;
 alias MatB = coop_mat16x16<f16, B>;
 alias MatC = coop_mat16x16<f32, C>;
 
-fn zero_c() -> MatC {
-    return MatC();
-}
-
 // A = 16 rows of Q (row-major) at vec4 offset o.
 fn load_q_a(o: u32) -> MatA {
     let at = o;
@@ -161,10 +157,6 @@ fn load_k_b(o: u32) -> MatB {
 fn load_v_b(o: u32) -> MatB {
     let at = o;
     return coopLoadT<MatB>(&v_s[at], QP);
-}
-
-fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
-    return coopMultiplyAdd(a, b, c);
 }
 
 // 16x16 f32 at s_s[o], rows SP apart.
@@ -193,10 +185,6 @@ struct MatC {
 }
 
 var<private> em_lane: u32;
-
-fn zero_c() -> MatC {
-    return MatC();
-}
 
 fn load_q_a(o: u32) -> MatA {
     var a: MatA;

@@ -141,7 +141,7 @@ impl CoopConfig {
             ("LOADS", loads.to_string()),
             ("CAUSAL", flag(self.causal)),
         ];
-        defs.extend(bodies(dp / 16, t.keys / 16));
+        defs.extend(bodies(dp / 16, t.keys / 16, self.coop));
         defs
     }
 
@@ -169,20 +169,24 @@ fn lines(n: usize, f: impl Fn(usize) -> String) -> String {
 }
 
 /// The generated blocks of the shader over `nd` output accumulators (head dim / 16) and `nk` score
-/// accumulators (tile keys / 16); accumulators are named variables so nothing indexes them.
-fn bodies(nd: usize, nk: usize) -> Vec<(&'static str, String)> {
+/// accumulators (tile keys / 16); accumulators are named variables so nothing indexes them. With real
+/// matrices (`coop`) the accumulators start as `var x = MatC();` and the products call
+/// coopMultiplyAdd directly, the forms the cooperative matmul uses on the H200 (no matrix-valued
+/// function returns of a zero value, no A/B matrices passed as function parameters).
+fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
+    let mma = if coop { "coopMultiplyAdd" } else { "mma" };
     let decl = (0..nd)
-        .map(|i| format!("    var o{i} = zero_c();\n"))
+        .map(|i| format!("    var o{i} = MatC();\n"))
         .collect::<String>()
         .trim_end()
         .to_string();
     // S: for each 16-deep slice of the head dim, one Q tile against nk K tiles.
-    let mut s = lines(nk, |j| format!("var s{j} = zero_c();"));
+    let mut s = lines(nk, |j| format!("var s{j} = MatC();"));
     for kd in 0..nd {
         let mmas: String = (0..nk)
             .map(|j| {
                 format!(
-                    " s{j} = mma(a, load_k_b({}u * QP + {}u), s{j});",
+                    " s{j} = {mma}(a, load_k_b({}u * QP + {}u), s{j});",
                     16 * j,
                     4 * kd
                 )
@@ -202,7 +206,7 @@ fn bodies(nd: usize, nk: usize) -> Vec<(&'static str, String)> {
         let mmas: String = (0..nd)
             .map(|c| {
                 format!(
-                    " o{c} = mma(a, load_v_b({}u * QP + {}u), o{c});",
+                    " o{c} = {mma}(a, load_v_b({}u * QP + {}u), o{c});",
                     16 * kk,
                     4 * c
                 )
@@ -416,11 +420,15 @@ mod tests {
     #[test]
     fn generated_blocks_name_every_accumulator() {
         // D = 40 -> 3 output accumulators; 32 keys -> 2 score accumulators, so 2 round-trip chunks.
-        let b = bodies(3, 2);
+        let b = bodies(3, 2, false);
         let get = |k: &str| b.iter().find(|(n, _)| *n == k).unwrap().1.clone();
-        assert_eq!(get("DECL_O").matches("zero_c()").count(), 3);
-        assert_eq!(get("S_BODY").matches("mma(").count(), 6);
-        assert_eq!(get("PV_BODY").matches("mma(").count(), 6);
+        assert_eq!(get("DECL_O").matches("MatC()").count(), 3);
+        assert_eq!(get("S_BODY").matches(" mma(").count(), 6);
+        assert_eq!(get("PV_BODY").matches(" mma(").count(), 6);
+        let real = bodies(3, 2, true);
+        let get = |k: &str| real.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("S_BODY").matches("coopMultiplyAdd(").count(), 6);
+        assert_eq!(get("PV_BODY").matches(" mma(").count(), 0);
         assert_eq!(get("RESCALE_BODY").matches("load_c(").count(), 3);
         assert_eq!(get("STORE_BODY").matches("write_row(").count(), 2);
         assert!(get("STORE_BODY").contains("write_row(srow, h, 1u, 32u"));
