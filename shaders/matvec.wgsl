@@ -13,9 +13,12 @@
 // from unrolling it; so the NB accumulators are named struct fields, never a loop-indexed private
 // array (that would live in slow local memory), and `if NB > b` tests fold away at compile time.
 //
+// With one activation row and a prologue, matvec_fuse.wgsl's STAGE has the workgroup apply the prologue
+// once into workgroup memory (stage_x) before the rows read it.
+//
 // Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), WF16 (f16 weight),
 // VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
-// BIAS, NORM, SWIGLU, RES (with their types and bindings).
+// BIAS, NORM, SWIGLU, RES (with their types and bindings) and STAGE, XS, STAGE_TAIL.
 #if F16
 enable f16;
 #endif
@@ -239,6 +242,13 @@ fn matvec(
 #endif
 ) {
     let first = (wid.x + wid.y * nwg.x) * RPW;
+#if STAGE
+#if SG
+    stage_x(lid, sg, nsg, lane);
+#else
+    stage_x(lid);
+#endif
+#endif
 #if SG
     // Whole subgroups take whole rows, so every subgroup op below runs in subgroup-uniform flow.
     for (var rr = sg; rr < RPW; rr += nsg) {

@@ -4,9 +4,10 @@
 //
 // The host kernel provides: `p` (Params: `offs`, the 8 base offsets of bindings 1..8, then at least
 // `k`, `ldo`, `row0`, `eps`), binding 2 `xs` (the activations: vec4<TX> elements with XV4, else TX),
-// binding 3 `out` (TO), `NB` (batch rows). The optional tensors follow out in this order, each bound
-// only when its define is on: BIAS (`bias`, TB, binding 4), NORM (`norm_w`, TG, binding NORM_B, vec4
-// elements with GV4), RES (`resid`, TR, binding RES_B).
+// binding 3 `out` (TO), `NB` (batch rows), and with STAGE `WG` (workgroup size) and `SG` (subgroup
+// builtins passed to stage_x). The optional tensors follow out in this order, each bound only when its
+// define is on: BIAS (`bias`, TB, binding 4), NORM (`norm_w`, TG, binding NORM_B, vec4 elements with
+// GV4), RES (`resid`, TR, binding RES_B).
 //
 // Input prologue, x_in4 / x_in1 (the matvec's input at elements e.. of batch row b):
 //   plain   x[b, e]
@@ -15,6 +16,13 @@
 //           1 / sqrt(mean(x^2) + eps): RMSNorm folded into the product (needs the team's lanes to cover
 //           all of K, which they do).
 //   SWIGLU  silu(x[b, e]) * x[b, K + e]: x rows are [gate | up], 2K long.
+// STAGE (one batch row, with NORM or SWIGLU): the prologue runs once per workgroup instead of once per
+//   output row. stage_x, called by every invocation before the row loop, writes the prologue'd input
+//   (f32: x * g or silu(gate) * up are not exact in f16) for elements 0 .. 4 XS to workgroup memory
+//   and, with NORM, reduces the sum of x^2 over all of K (rs then multiplies in write_out, the rows'
+//   reductions carry the dot product only); x_in4 / x_in1 then read the staged values. With
+//   STAGE_TAIL K is longer than the staged part and elements from 4 XS on are computed per row as
+//   without STAGE (the host picks XS from the device's workgroup memory, a multiple of XP).
 // Output epilogue, write_out: out[b, row] = dot (* rs with NORM) (+ bias[row]) (+ resid[b, row]).
 // With RES, resid may be out itself (the residual stream updated in place): each output value is
 // read and written only by the invocation that owns it.
@@ -60,8 +68,10 @@ const NORM_B = {{NORM_B}}u;
 #else
 @group(0) @binding({{NORM_B}}) var<storage, read> norm_w: array<{{TG}}>;
 #endif
+#ifnot STAGE
 // This lane's sums of x^2 per batch row for the current output row.
 var<private> sq: array<vec4<f32>, NB>;
+#endif
 
 fn g4(e: u32) -> vec4<f32> {
     let i = tensor_base(NORM_B) + e;
@@ -90,50 +100,200 @@ const RES_B = {{RES_B}}u;
 // Call before a team starts on a new output row.
 fn fuse_begin_row() {
 #if NORM
+#ifnot STAGE
     sq = array<vec4<f32>, NB>();
+#endif
 #endif
 }
 
-// The input at x[b, e .. e + 4] (e a multiple of 4), counting its squares once per call.
-fn x_in4(b: u32, e: u32) -> vec4<f32> {
+// The prologue'd input at x[b, e .. e + 4] (e a multiple of 4), without counting squares.
+fn x_pro4(b: u32, e: u32) -> vec4<f32> {
 #if SWIGLU
     let gate = x_raw4(b, e);
     let up = x_raw4(b, p.k + e);
     return gate / (1.0 + exp(-gate)) * up;
 #else
-    let v = x_raw4(b, e);
 #if NORM
-    sq[b] = fma(v, v, sq[b]);
-    return v * g4(e);
+    return x_raw4(b, e) * g4(e);
 #else
-    return v;
+    return x_raw4(b, e);
 #endif
 #endif
 }
 
-// The input at x[b, e], counting its square once per call.
-fn x_in1(b: u32, e: u32) -> f32 {
+fn x_pro1(b: u32, e: u32) -> f32 {
 #if SWIGLU
     let gate = x_raw1(b, e);
     return gate / (1.0 + exp(-gate)) * x_raw1(b, p.k + e);
 #else
-    let v = x_raw1(b, e);
 #if NORM
-    sq[b].x = fma(v, v, sq[b].x);
-    return v * g1(e);
+    return x_raw1(b, e) * g1(e);
 #else
-    return v;
+    return x_raw1(b, e);
 #endif
 #endif
 }
 
-// What a team reduces per (row, batch row): the dot product, and with NORM the sum of x^2.
+#if STAGE
+const XS = {{XS}}u;
+const XP = {{XP}}u;
+// The prologue'd input row, elements 0 .. 4 XS (zeros past K), as vec4s in XP planes (stage_at).
+var<workgroup> x_stage: array<vec4<f32>, XS>;
+
+// Where vec4 v (elements 4v ..) is staged: plane v % XP, slot v / XP. With XP the vec4s a lane reads
+// per chunk (lanes take adjacent chunks), a subgroup's reads of one vec4 of its chunks hit adjacent
+// words, free of bank conflicts.
+fn stage_at(v: u32) -> u32 {
+    return (v % XP) * (XS / XP) + v / XP;
+}
 #if NORM
+// Partial sums of x^2 (per subgroup with SG, per invocation otherwise) and, after stage_x, 1 / rms.
+var<workgroup> stage_sq: array<f32, WG>;
+var<private> stage_rs: f32;
+#endif
+
+// Raw x[0, e .. e + 4] with zeros past K.
+fn x_raw4z(e: u32) -> vec4<f32> {
+    if e + 4u <= p.k {
+        return x_raw4(0u, e);
+    }
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; e + i < p.k; i++) {
+        v[i] = x_raw1(0u, e + i);
+    }
+    return v;
+}
+
+#if NORM
+// The norm weight at e .. e + 4 with zeros past K.
+fn g4z(e: u32) -> vec4<f32> {
+    if e + 4u <= p.k {
+        return g4(e);
+    }
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; e + i < p.k; i++) {
+        v[i] = g1(e + i);
+    }
+    return v;
+}
+#else
+// The prologue'd x[0, e .. e + 4] with zeros past K.
+fn x_pro4z(e: u32) -> vec4<f32> {
+    if e + 4u <= p.k {
+        return x_pro4(0u, e);
+    }
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; e + i < p.k; i++) {
+        v[i] = x_pro1(0u, e + i);
+    }
+    return v;
+}
+#endif
+
+// Stages the prologue'd input row (and with NORM computes stage_rs). Every invocation of the workgroup
+// calls it, in uniform control flow, before any row is reduced.
+#if SG
+fn stage_x(lid: u32, sg: u32, nsg: u32, lane: u32) {
+#else
+fn stage_x(lid: u32) {
+#endif
+    let n4 = (p.k + 3u) / 4u;
+#if NORM
+    // Every element's square counts, staged or not.
+    var s = 0.0;
+    for (var v = lid; v < max(n4, XS); v += WG) {
+        let raw = x_raw4z(4u * v);
+        s = fma(raw.x, raw.x, fma(raw.y, raw.y, fma(raw.z, raw.z, fma(raw.w, raw.w, s))));
+        if v < XS {
+            x_stage[stage_at(v)] = raw * g4z(4u * v);
+        }
+    }
+#if SG
+    let part = subgroupAdd(s);
+    if lane == 0u {
+        stage_sq[sg] = part;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < nsg; i++) {
+        total += stage_sq[i];
+    }
+#else
+    stage_sq[lid] = s;
+    workgroupBarrier();
+    for (var h = WG / 2u; h > 0u; h /= 2u) {
+        if lid < h {
+            stage_sq[lid] += stage_sq[lid + h];
+        }
+        workgroupBarrier();
+    }
+    let total = stage_sq[0];
+#endif
+    stage_rs = inverseSqrt(total / f32(p.k) + p.eps);
+#else
+    for (var v = lid; v < XS; v += WG) {
+        x_stage[stage_at(v)] = x_pro4z(4u * v);
+    }
+    workgroupBarrier();
+#endif
+}
+#endif
+
+// The input at x[b, e .. e + 4] (e a multiple of 4), counting its squares once per call (without
+// STAGE).
+fn x_in4(b: u32, e: u32) -> vec4<f32> {
+#if STAGE
+#if STAGE_TAIL
+    if e >= 4u * XS {
+        return x_pro4(b, e);
+    }
+#endif
+    return x_stage[stage_at(e / 4u)];
+#else
+#if NORM
+    let v = x_raw4(b, e);
+    sq[b] = fma(v, v, sq[b]);
+    return v * g4(e);
+#else
+    return x_pro4(b, e);
+#endif
+#endif
+}
+
+// The input at x[b, e], counting its square once per call (without STAGE).
+fn x_in1(b: u32, e: u32) -> f32 {
+#if STAGE
+#if STAGE_TAIL
+    if e >= 4u * XS {
+        return x_pro1(b, e);
+    }
+#endif
+    return x_stage[stage_at(e / 4u)][e % 4u];
+#else
+#if NORM
+    let v = x_raw1(b, e);
+    sq[b].x = fma(v, v, sq[b].x);
+    return v * g1(e);
+#else
+    return x_pro1(b, e);
+#endif
+#endif
+}
+
+// What a team reduces per (row, batch row): the dot product, and with NORM (unstaged) the sum of x^2.
+#if NORM
+#if STAGE
+alias Red = f32;
+fn red_pack(dot_sum: f32, b: u32) -> Red {
+    return dot_sum;
+}
+#else
 alias Red = vec2<f32>;
 fn red_pack(dot_sum: f32, b: u32) -> Red {
     let s = sq[b];
     return vec2<f32>(dot_sum, (s.x + s.y) + (s.z + s.w));
 }
+#endif
 #else
 alias Red = f32;
 fn red_pack(dot_sum: f32, b: u32) -> Red {
@@ -144,7 +304,11 @@ fn red_pack(dot_sum: f32, b: u32) -> Red {
 // out[b, row0 + row] from the team's reduced sums.
 fn write_out(row: u32, b: u32, r: Red) {
 #if NORM
+#if STAGE
+    var v = r * stage_rs;
+#else
     var v = r.x * inverseSqrt(r.y / f32(p.k) + p.eps);
+#endif
 #else
     var v = r;
 #endif

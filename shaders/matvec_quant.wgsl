@@ -14,9 +14,12 @@
 // hardware subgroup (any size: teams g = subgroup_id, += num_subgroups) reducing with subgroupAdd,
 // otherwise 32 invocations reducing through a workgroup-memory tree.
 //
+// With one activation row and a prologue, matvec_fuse.wgsl's STAGE has the workgroup apply the prologue
+// once into workgroup memory (stage_x) before the teams read it.
+//
 // Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO (x, out scalar types), F16, NB, R, U,
 // UREM (U > 1), WG (workgroup size), XV4 (x offset allows vec4 loads), SG, MIN (type has mins), and
-// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES (with their types and bindings).
+// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES (with their types and bindings) and STAGE, XS, STAGE_TAIL.
 #if F16
 enable f16;
 #endif
@@ -145,6 +148,13 @@ fn matvec(
 #endif
 ) {
     let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R;
+#if STAGE
+#if SG
+    stage_x(lid, sg, nsg, lane);
+#else
+    stage_x(lid);
+#endif
+#endif
 #if SG
     // Whole subgroups take whole teams, so the subgroup ops below run in subgroup-uniform flow.
     for (var g = sg; g < TEAMS; g += nsg) {

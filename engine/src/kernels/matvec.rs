@@ -9,7 +9,8 @@
 //! Decode fusions ([`MatvecOptions`], `shaders/matvec_fuse.wgsl`, shared with the quantized kernels):
 //! an RMSNorm of the input (`norm`), SwiGLU of a `[gate | up]` input (`swiglu`) and a residual added to
 //! the output (`residual`, which may be `out` itself), so a decoder layer needs no norm, activation or
-//! add dispatches between its projections.
+//! add dispatches between its projections. With one activation row and a prologue, the workgroup
+//! stages the prologue'd input in workgroup memory once ([`Stage`]) instead of every row recomputing it.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -57,6 +58,10 @@ pub struct MatvecOptions<'a> {
     /// Largest weight shard in bytes (default: the device's storage-binding limit). Tests set it
     /// small to exercise the sharded path.
     pub max_shard_bytes: Option<u64>,
+    /// Most workgroup memory in bytes the staged input may take ([`Stage`]; default: what the device
+    /// has left beside the kernel's other workgroup memory). Tests set it small to exercise the
+    /// partly staged path, 0 to turn staging off.
+    pub max_stage_bytes: Option<u32>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -131,6 +136,8 @@ pub fn matvec_shards(
     } else {
         256
     };
+    // The workgroup-memory reduction's tree (f32 per invocation and batch row when staged).
+    let tree_bytes = if sg { 0 } else { wg * 4 };
     let bx = x.binding(caps.max_storage_binding)?.base_elems as usize;
     let mut ds = Vec::with_capacity(shards.len());
     for sh in shards {
@@ -139,8 +146,11 @@ pub fn matvec_shards(
         let wf16 = w.dtype == DType::F16;
         let cw = if wf16 { 8 } else { 4 };
         let vec = k.is_multiple_of(cw) && bw.is_multiple_of(cw) && bx.is_multiple_of(4);
+        // Vector loads of f16 weights take x in chunks of two vec4s; the others one vec4 or scalars.
+        let planes = if vec && wf16 { 2 } else { 1 };
+        let stage = Stage::plan(gpu, opts, batch, k, wg, tree_bytes, planes);
         let name = format!(
-            "matvec_{}_{}{}{}{}{}",
+            "matvec_{}_{}{}{}{}{}{}",
             w.dtype.wgsl(),
             x.dtype.wgsl(),
             if out.dtype == x.dtype {
@@ -154,6 +164,7 @@ pub fn matvec_shards(
                 String::new()
             },
             fusion.suffix(),
+            stage.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
@@ -166,7 +177,8 @@ pub fn matvec_shards(
             .define("VEC", u8::from(vec))
             .define("XV4", u8::from(vec))
             .define("SG", u8::from(sg))
-            .defines(fusion.defines.clone());
+            .defines(fusion.defines.clone())
+            .defines(stage.defines());
         let kernel = gpu.kernel(&spec)?;
         let rows = w.shape[0];
         let groups = rows.div_ceil(ROWS_PER_WORKGROUP) as u32;
@@ -329,6 +341,102 @@ impl<'a> Fusion<'a> {
     }
 }
 
+/// The input row staged in workgroup memory (`shaders/matvec_fuse.wgsl`'s STAGE): with one activation
+/// row and a prologue (RMSNorm or SwiGLU), the workgroup applies the prologue once, as f32 (`x * g` and
+/// `silu(gate) * up` are not exact in f16), and its rows read it from there instead of each recomputing
+/// it from x (and the norm weight) in global memory. The first `4 * vec4s` elements are staged, as many
+/// as the device's workgroup memory holds; past them (`tail`) rows compute the prologue as unstaged.
+/// The vec4s are laid out in planes of the kernel's chunk (`planes`: vec4s a lane reads per chunk) so
+/// that a subgroup's reads are free of bank conflicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stage {
+    /// `vec4<f32>`s of workgroup memory (0: not staged).
+    pub vec4s: u32,
+    /// K is longer than the staged elements.
+    pub tail: bool,
+    /// Vec4s per chunk a lane reads (1, 2 or 8; divides [`STAGE_STEP`]).
+    pub planes: u32,
+}
+
+/// Staged vec4s are allocated in steps of this many (256 elements): few specialisations cover every K.
+const STAGE_STEP: u32 = 64;
+
+impl Stage {
+    /// Not staged: every row computes its prologue.
+    pub const OFF: Stage = Stage {
+        vec4s: 0,
+        tail: false,
+        planes: 1,
+    };
+
+    /// The staging of a product with these options, `batch` rows of `k`, `wg` invocations per
+    /// workgroup, `other_bytes` of workgroup memory the kernel uses besides and lanes reading
+    /// `planes` vec4s per chunk.
+    pub fn plan(
+        gpu: &Gpu,
+        opts: &MatvecOptions,
+        batch: usize,
+        k: usize,
+        wg: u32,
+        other_bytes: u32,
+        planes: u32,
+    ) -> Stage {
+        if batch != 1 || (opts.norm.is_none() && !opts.swiglu) {
+            return Stage::OFF;
+        }
+        // With the norm, one f32 partial sum of squares per invocation (or subgroup).
+        let sums = if opts.norm.is_some() { wg * 4 } else { 0 };
+        Stage::fit(
+            gpu.caps.max_workgroup_storage,
+            opts.max_stage_bytes,
+            k,
+            other_bytes + sums,
+            planes,
+        )
+    }
+
+    /// As many of `k` elements as `workgroup_bytes` (at most `max_bytes`) hold beside `other_bytes`.
+    fn fit(
+        workgroup_bytes: u32,
+        max_bytes: Option<u32>,
+        k: usize,
+        other_bytes: u32,
+        planes: u32,
+    ) -> Stage {
+        // 16 bytes for alignment between the variables.
+        let left = workgroup_bytes.saturating_sub(other_bytes + 16);
+        let left = max_bytes.map_or(left, |m| m.min(left));
+        let fit = left / 16 / STAGE_STEP * STAGE_STEP;
+        let need = (k.div_ceil(4) as u32).next_multiple_of(STAGE_STEP);
+        let vec4s = need.min(fit);
+        Stage {
+            vec4s,
+            tail: vec4s > 0 && 4 * (vec4s as usize) < k,
+            planes,
+        }
+    }
+
+    /// The shader defines (STAGE, XS, XP, STAGE_TAIL).
+    pub fn defines(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("STAGE", u8::from(self.vec4s > 0).to_string()),
+            ("XS", self.vec4s.to_string()),
+            ("XP", self.planes.to_string()),
+            ("STAGE_TAIL", u8::from(self.tail).to_string()),
+        ]
+    }
+
+    /// Kernel name suffix for the profiler: `_stage` (all of K staged), `_stagepart` (a tail computed
+    /// per row) or nothing.
+    pub fn suffix(&self) -> &'static str {
+        match (self.vec4s > 0, self.tail) {
+            (false, _) => "",
+            (true, false) => "_stage",
+            (true, true) => "_stagepart",
+        }
+    }
+}
+
 /// Whether any activation is f16 (an error where the device has none) and whether rows reduce with
 /// subgroup operations (`opts.variant`, or the device's subgroup support for `Auto`).
 pub(crate) fn choose_reduction(
@@ -390,5 +498,27 @@ pub(crate) fn matvec_cost(
             + opts
                 .norm
                 .map_or(0.0, |(g, _)| (k as u64 * g.elem_bytes()) as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_fits_workgroup_memory() {
+        // H200 (48 KiB): Llama 3 8B's QKV (K 4096, norm sums of 256 invocations) whole, its down
+        // projection (K 14336) 12032 elements and a per-row tail.
+        let qkv = Stage::fit(48 << 10, None, 4096, 1024, 2);
+        assert_eq!((qkv.vec4s, qkv.tail), (1024, false));
+        let down = Stage::fit(48 << 10, None, 14336, 0, 8);
+        assert_eq!((down.vec4s, down.tail), (3008, true));
+        assert!(down.vec4s * 16 + 16 <= 48 << 10);
+        // lavapipe (32 KiB): 8192 no longer whole beside the sums; a limit of 0 turns staging off.
+        assert!(Stage::fit(32 << 10, None, 8192, 1024, 1).tail);
+        assert_eq!(Stage::fit(32 << 10, Some(0), 256, 0, 1), Stage::OFF);
+        assert_eq!(Stage::OFF.suffix(), "");
+        // Partial vec4s and small K round up to whole steps.
+        assert_eq!(Stage::fit(32 << 10, None, 130, 0, 1).vec4s, 64);
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
 use crate::kernels::matvec::{
-    Fusion, MatvecOptions, check_io, choose_reduction, matvec, matvec_cost,
+    Fusion, MatvecOptions, Stage, check_io, choose_reduction, matvec, matvec_cost,
 };
 use crate::kernels::{KernelSpec, grid, quant_dp4a};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
@@ -299,6 +299,10 @@ pub fn matvec_quant_shards_tuned(
         TEAMS as u32 * 32
     };
     let r = tuning.rows_per_team as usize;
+    // The workgroup-memory reduction's tree (f32 per invocation and row when staged: one batch row).
+    let tree_bytes = if sg { 0 } else { wg * 4 * r as u32 };
+    // Lanes read x in chunks of 32 elements: 8 vec4s.
+    let stage = Stage::plan(gpu, opts, batch, k, wg, tree_bytes, 8);
     let bx = x.binding(caps.max_storage_binding)?.base_elems;
     let xvec = bx.is_multiple_of(4);
     let row_bytes = dtype.bytes_for(k)?;
@@ -314,7 +318,7 @@ pub fn matvec_quant_shards_tuned(
         let aligned =
             wbyte == 0 && row_bytes.is_multiple_of(4) && dtype.block_bytes().is_multiple_of(4);
         let name = format!(
-            "matvec_{}_{}{}{}{}{}",
+            "matvec_{}_{}{}{}{}",
             type_define(dtype).to_lowercase(),
             x.dtype.wgsl(),
             if out.dtype == x.dtype {
@@ -328,13 +332,19 @@ pub fn matvec_quant_shards_tuned(
                 String::new()
             },
             fusion.suffix(),
-            if sg { "_sg" } else { "_wg" }
         );
+        let red = if sg { "_sg" } else { "_wg" };
         let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
+        // The dp4a kernel stages its own (int8) input.
         let spec = if dp4a {
-            quant_dp4a::spec(format!("{name}_dp4a"), k)
+            quant_dp4a::spec(format!("{name}{red}_dp4a"), k)
         } else {
-            KernelSpec::new(name, MATVEC_SRC, "matvec")
+            KernelSpec::new(
+                format!("{name}{}{red}", stage.suffix()),
+                MATVEC_SRC,
+                "matvec",
+            )
+            .defines(stage.defines())
         };
         let spec = spec
             .define(type_define(dtype), 1)

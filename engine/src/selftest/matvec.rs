@@ -201,6 +201,8 @@ pub struct Case {
     pub x_offset: usize,
     pub variant: MatvecVariant,
     pub max_shard_bytes: Option<u64>,
+    /// [`MatvecOptions::max_stage_bytes`].
+    pub max_stage_bytes: Option<u32>,
     pub fuse: Fuse,
 }
 
@@ -228,6 +230,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 x_offset: 0,
                 variant,
                 max_shard_bytes: None,
+                max_stage_bytes: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -306,6 +309,9 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         for case in fused_cases(w_dtype, io, variant) {
             out.push(check(gpu, rng, &case)?);
         }
+        for case in staged_cases(gpu, w_dtype, io, variant) {
+            out.push(check(gpu, rng, &case)?);
+        }
     }
     Ok(out)
 }
@@ -327,6 +333,7 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         x_offset: 0,
         variant,
         max_shard_bytes: None,
+        max_stage_bytes: None,
         fuse,
     };
     let norm = |gd| Fuse {
@@ -398,6 +405,63 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
     ]
 }
 
+/// The staged input (one batch row with a prologue; the batch-1 fused cases above stage all of K):
+/// K of no vector width (a partial last vec4), K just past what the device's workgroup memory stages
+/// (the rest computed per row), a small staging limit (a long per-row tail, and the norm's sum of
+/// squares over staged and unstaged elements) and staging turned off (the per-row path at batch 1).
+fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
+    let c = |n, k, x_dtype, fuse, max_stage_bytes| Case {
+        batch: 1,
+        n,
+        k,
+        w_dtype,
+        x_dtype,
+        out_dtype: DType::F32,
+        bias: false,
+        w_offset: 0,
+        x_offset: 0,
+        variant,
+        max_shard_bytes: None,
+        max_stage_bytes,
+        fuse,
+    };
+    let norm = Fuse {
+        norm: Some(DType::F32),
+        ..Fuse::default()
+    };
+    let swiglu = Fuse {
+        swiglu: true,
+        residual: Residual::InPlace,
+        ..Fuse::default()
+    };
+    // A K the device cannot stage whole (and a multiple of 8: f16 weights keep their vector loads).
+    let past = past_stage_limit(gpu) + 40;
+    vec![
+        c(19, 130, DType::F32, norm, None),
+        c(19, 130, io, swiglu, None),
+        c(9, past, DType::F32, norm, None),
+        c(9, past, io, swiglu, None),
+        c(21, 1000, DType::F32, norm, Some(1024)),
+        c(21, 1000, io, swiglu, Some(1024)),
+        c(21, 1000, DType::F32, norm, Some(0)),
+    ]
+}
+
+/// How the dispatches stage the input, for check names: ` staged` (all of K), ` staged+tail` or
+/// nothing.
+pub(crate) fn staging_label(ds: &[crate::exec::Dispatch]) -> &'static str {
+    match ds.first().map(|d| d.name.as_str()) {
+        Some(n) if n.contains("_stagepart") => " staged+tail",
+        Some(n) if n.contains("_stage") => " staged",
+        _ => "",
+    }
+}
+
+/// More elements than the device can stage (f32 in its workgroup memory).
+pub(crate) fn past_stage_limit(gpu: &Gpu) -> usize {
+    gpu.caps.max_workgroup_storage as usize / 4
+}
+
 pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     let (batch, n, k) = (c.batch, c.n, c.k);
     let xk = c.fuse.x_len(k);
@@ -429,11 +493,14 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             bias: c.bias.then_some(&bias),
             variant: c.variant,
             max_shard_bytes: c.max_shard_bytes,
+            max_stage_bytes: c.max_stage_bytes,
             ..Default::default()
         },
     );
     let mut prog = Program::new();
-    prog.extend(matvec(gpu, &w, &x, &o, &opts)?);
+    let ds = matvec(gpu, &w, &x, &o, &opts)?;
+    let staged = super::matvec::staging_label(&ds);
+    prog.extend(ds);
     let dispatches = prog.len();
     prog.run(gpu)?;
     let bias_v = c.bias.then_some(&bv[..]);
@@ -460,6 +527,10 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     if c.max_shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
     }
+    if let Some(m) = c.max_stage_bytes {
+        name += &format!(" stage<={m}B");
+    }
+    name += staged;
     Ok(compare(
         name,
         &gpu.read_f32(&o)?,

@@ -65,6 +65,8 @@ pub struct Case {
     pub x_offset: usize,
     pub variant: MatvecVariant,
     pub max_shard_bytes: Option<u64>,
+    /// [`MatvecOptions::max_stage_bytes`].
+    pub max_stage_bytes: Option<u32>,
     pub tuning: QuantTuning,
     pub fuse: Fuse,
 }
@@ -83,6 +85,7 @@ impl Case {
             x_offset: 0,
             variant,
             max_shard_bytes: None,
+            max_stage_bytes: None,
             tuning: QuantTuning::default(),
             fuse: Fuse::default(),
         }
@@ -216,6 +219,11 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check_matvec(gpu, rng, &c)?);
             }
         }
+        if matches!(dtype, DType::Q4_0 | DType::Q4K) {
+            for c in staged_cases(gpu, dtype, sg) {
+                out.push(check_matvec(gpu, rng, &c)?);
+            }
+        }
         out.push(check_dequantize(gpu, rng, dtype, 5, k, 0, DType::F32, 4)?);
         out.push(check_dequantize(
             gpu,
@@ -289,6 +297,44 @@ fn fused_cases(gpu: &Gpu, dtype: DType, k: usize, sg: MatvecVariant, more: bool)
     cases
 }
 
+/// The staged input of the float-decoding kernel (one batch row with a prologue; Q4_0 with the
+/// integer-dot-product kernel off): K past what the device's workgroup memory stages (the rest
+/// computed per row), a 1 KiB staging limit (a long per-row tail) with both reductions, and staging
+/// off.
+fn staged_cases(gpu: &Gpu, dtype: DType, sg: MatvecVariant) -> Vec<Case> {
+    let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+    let be = dtype.block_elems();
+    let past = (super::matvec::past_stage_limit(gpu) + 1).next_multiple_of(be);
+    let norm = Fuse {
+        norm: Some(DType::F32),
+        ..Fuse::default()
+    };
+    let swiglu = Fuse {
+        swiglu: true,
+        residual: Residual::InPlace,
+        ..Fuse::default()
+    };
+    let c = |k, variant, x_dtype, fuse, max_stage_bytes| Case {
+        x_dtype,
+        fuse,
+        max_stage_bytes,
+        tuning: QuantTuning {
+            dp4a: false,
+            ..QuantTuning::default()
+        },
+        ..Case::new(dtype, 1, 9, k, variant)
+    };
+    let wg = MatvecVariant::Workgroup;
+    vec![
+        c(past, sg, DType::F32, norm, None),
+        c(past, sg, io, swiglu, None),
+        c(4 * be.max(256), sg, DType::F32, norm, Some(1024)),
+        c(4 * be.max(256), wg, io, swiglu, Some(1024)),
+        c(4 * be.max(256), wg, DType::F32, norm, Some(1024)),
+        c(4 * be.max(256), sg, DType::F32, norm, Some(0)),
+    ]
+}
+
 /// Uploads `bytes` (`[rows_before + n, k]` blocks) and returns the view of the last `n` rows.
 fn upload_weight(
     gpu: &Gpu,
@@ -341,12 +387,15 @@ fn run_matvec(
             bias: c.bias.then_some(&bias),
             variant: c.variant,
             max_shard_bytes: c.max_shard_bytes,
+            max_stage_bytes: c.max_stage_bytes,
             ..Default::default()
         },
     );
     let dp4a = uses_dp4a(gpu, &w, &x, &o, &opts, c.tuning)?;
     let mut prog = Program::new();
-    prog.extend(matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?);
+    let ds = matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?;
+    let staged = super::matvec::staging_label(&ds);
+    prog.extend(ds);
     let dispatches = prog.len();
     prog.run(gpu)?;
     let xs = &xv[c.x_offset..];
@@ -383,6 +432,10 @@ fn run_matvec(
     if c.max_shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
     }
+    if let Some(m) = c.max_stage_bytes {
+        name += &format!(" stage<={m}B");
+    }
+    name += staged;
     Ok(compare(
         name,
         &gpu.read_f32(&o)?,

@@ -253,3 +253,74 @@ fn matvec_specialisations_compile() {
         }
     }
 }
+
+/// Every staged specialisation (one batch row with RMSNorm or SwiGLU, all of K staged or a tail
+/// computed per row, both reductions) of both kernels parses, validates and writes SPIR-V; the
+/// subgroup ones with other subgroup sizes than lavapipe's among them.
+#[test]
+fn matvec_staged_specialisations_compile() {
+    use crate::spirv::{combos, to_spirv};
+    let src = concat!(
+        drift_engine::shader!("matvec.wgsl"),
+        drift_engine::shader!("matvec_fuse.wgsl")
+    );
+    let quant_src = concat!(
+        drift_engine::shader!("matvec_quant.wgsl"),
+        drift_engine::shader!("dequant.wgsl"),
+        drift_engine::shader!("matvec_fuse.wgsl")
+    );
+    let fixed =
+        |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str, xs: &str, xp: &str| {
+            d.extend([
+                ("TB", "f16".to_string()),
+                ("TG", "f16".into()),
+                ("TR", "f32".into()),
+                ("NORM_B", "5".into()),
+                ("RES_B", "6".into()),
+                ("NORM", norm.into()),
+                ("SWIGLU", swiglu.into()),
+                ("F16", "1".into()),
+                ("NB", "1".into()),
+                ("STAGE", "1".into()),
+                ("XS", xs.into()),
+                ("XP", xp.into()),
+            ]);
+        };
+    for (norm, swiglu) in [("1", "0"), ("0", "1")] {
+        for (tx, xs) in [("f32", "64"), ("f16", "3072")] {
+            for mut d in combos(
+                &[("TX", tx), ("TO", "f32"), ("WG", "256")],
+                &["WF16", "VEC", "SG", "BIAS", "RES", "STAGE_TAIL"],
+            ) {
+                let vec = d.iter().find(|(k, _)| *k == "VEC").unwrap().1.clone();
+                d.push(("XV4", vec));
+                let xp = if d.contains(&("VEC", "1".into())) && d.contains(&("WF16", "1".into())) {
+                    "2"
+                } else {
+                    "1"
+                };
+                fixed(&mut d, norm, swiglu, xs, xp);
+                to_spirv("matvec staged", src, &d);
+            }
+            for ty in ["Q4_0", "Q4K"] {
+                for mut d in combos(
+                    &[
+                        (ty, "1"),
+                        ("ALIGNED", "1"),
+                        ("TX", tx),
+                        ("TO", "f16"),
+                        ("R", "2"),
+                        ("U", "2"),
+                        ("UREM", "1"),
+                        ("WG", "256"),
+                        ("MIN", if ty == "Q4K" { "1" } else { "0" }),
+                    ],
+                    &["SG", "XV4", "GV4", "STAGE_TAIL"],
+                ) {
+                    fixed(&mut d, norm, swiglu, xs, "8");
+                    to_spirv("matvec_quant staged", quant_src, &d);
+                }
+            }
+        }
+    }
+}
