@@ -17,7 +17,7 @@
 // Q4_1: w = d q + m;               sum w x = dw dx S + m sx
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
-// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), XV4 and
+// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES; MAXB (blocks of x the workgroup memory holds, >= K / 32).
 // Needs subgroups (teams are subgroups of any size: team g = subgroup_id, += num_subgroups).
 #if F16
@@ -49,6 +49,9 @@ const NB = 1u;
 const R = {{R}}u;
 const WG = 256u;
 const TEAMS = 8u;
+// Row groups per workgroup: each team takes RG groups of R rows, so the pre-pass is shared by
+// TEAMS * R * RG rows.
+const RG = {{RG}}u;
 const MAXB = {{MAXB}}u;
 
 // x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql; and (dx, sum x).
@@ -174,8 +177,8 @@ fn matvec(
 #endif
 
     // 2. Teams of R rows; lanes stride over the blocks.
-    let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R;
-    for (var g = sg; g < TEAMS; g += nsg) {
+    let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R * RG;
+    for (var g = sg; g < TEAMS * RG; g += nsg) {
         let first = wg_first + g * R;
         if first >= p.rows {
             break;

@@ -92,6 +92,9 @@ pub struct QuantTuning {
     /// Use the integer-dot-product kernel where it applies ([`crate::kernels::quant_dp4a`]: Q4_0,
     /// Q4_1, Q8_0, one activation row). On by default; `DRIFT_DP4A=0` turns the default off (A/B runs).
     pub dp4a: bool,
+    /// Integer-dot-product kernel: row groups per workgroup (0 = automatic, see
+    /// [`quant_dp4a::row_groups`]).
+    pub row_groups: u32,
 }
 
 impl Default for QuantTuning {
@@ -103,6 +106,7 @@ impl Default for QuantTuning {
             // 69 us unchecked); the self-test covers the unchecked build on every device it runs on.
             trusted: true,
             dp4a: std::env::var_os("DRIFT_DP4A").is_none_or(|v| v != "0"),
+            row_groups: 0,
         }
     }
 }
@@ -336,8 +340,9 @@ pub fn matvec_quant_shards_tuned(
         let red = if sg { "_sg" } else { "_wg" };
         let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
         // The dp4a kernel stages its own (int8) input.
+        let rg = quant_dp4a::row_groups(tuning.row_groups);
         let spec = if dp4a {
-            quant_dp4a::spec(format!("{name}{red}_dp4a"), k)
+            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, rg)
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -364,7 +369,7 @@ pub fn matvec_quant_shards_tuned(
         let spec = if tuning.trusted { spec.trusted() } else { spec };
         let kernel = gpu.kernel(&spec)?;
         let rows = sh.tensor.shape[0];
-        let groups = rows.div_ceil(TEAMS * r) as u32;
+        let groups = rows.div_ceil(TEAMS * r * if dp4a { rg as usize } else { 1 }) as u32;
         let params = [
             rows as u32,
             k as u32,

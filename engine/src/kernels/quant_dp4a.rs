@@ -43,10 +43,19 @@ pub(crate) const SOURCE: &str = concat!(
     crate::shader!("matvec_fuse.wgsl"),
 );
 
+/// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
+/// transformed and rounded once) is shared by 8 teams x R rows x this many; 4 keeps it a small share
+/// of the workgroup's time without starving a large GPU of workgroups at LLM widths.
+pub(crate) fn row_groups(requested: u32) -> u32 {
+    if requested == 0 { 4 } else { requested }
+}
+
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
 /// rows per team, x vector access and the fusion defines).
-pub(crate) fn spec(name: String, k: usize) -> KernelSpec {
-    KernelSpec::new(name, SOURCE, "matvec").define("MAXB", max_blocks(k))
+pub(crate) fn spec(name: String, k: usize, row_groups: u32) -> KernelSpec {
+    KernelSpec::new(name, SOURCE, "matvec")
+        .define("MAXB", max_blocks(k))
+        .define("RG", row_groups)
 }
 
 #[cfg(test)]

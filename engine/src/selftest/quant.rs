@@ -155,6 +155,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     chunks_per_step: 1,
                     trusted: dtype != DType::Q4_0,
                     dp4a: true,
+                    row_groups: 1,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },

@@ -245,6 +245,7 @@ fn quant_matvec_bandwidth() {
                         chunks_per_step: cps,
                         trusted,
                         dp4a: false,
+                        row_groups: 0,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

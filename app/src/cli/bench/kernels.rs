@@ -149,6 +149,7 @@ pub fn run_all(
                         chunks_per_step: u,
                         trusted,
                         dp4a: false,
+                        row_groups: 0,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -164,6 +165,35 @@ pub fn run_all(
                     let note = pct(&m);
                     report(Measurement { note, ..m });
                 }
+            }
+        }
+    }
+    // The integer-dot-product kernel's rows per team and row groups per workgroup ("dp4asweep").
+    if filter.is_some_and(|f| f.contains("dp4asweep")) {
+        for (dtype, n, k) in [
+            (DType::Q4_0, 14336usize, 4096usize),
+            (DType::Q4_0, 4096, 14336),
+            (DType::Q8_0, 14336, 4096),
+        ] {
+            let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
+            let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+            let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
+            for (r, rg) in [(1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4)] {
+                let tuning = QuantTuning {
+                    rows_per_team: r,
+                    row_groups: rg,
+                    ..QuantTuning::default()
+                };
+                let name = format!("dp4asweep {dtype:?} {n}x{k} r{r} rg{rg}");
+                let m = measure(
+                    gpu,
+                    &name,
+                    &matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), tuning)?,
+                    reps,
+                    "",
+                )?;
+                let note = pct(&m);
+                report(Measurement { note, ..m });
             }
         }
     }
