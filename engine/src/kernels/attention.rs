@@ -12,8 +12,11 @@
 //!   builder allocates once, and a second small dispatch merges them.
 //!
 //! - coop (`shaders/attention_coop.wgsl`, built in [`super::attention_coop`]): the prefill on
-//!   cooperative matrices (tensor cores) for f16 q/k/v, chosen by `Auto` where the device has them;
-//!   `CoopEmulated` runs the same kernel with the matrix operations as plain loops (tests).
+//!   cooperative matrices (tensor cores) for f16 q/k/v; `CoopEmulated` runs the same kernel with the
+//!   matrix operations as plain loops (tests, lavapipe). NOT chosen by `Auto`: the emulated kernel
+//!   matches the reference, but on the H200 (2026-11-30) the real one gave wrong outputs in every
+//!   self-test case, also with all scores equal (so the P V half is at fault), while running 2.8-3.6x
+//!   faster than the prefill kernel. Explicit `Coop` stays for that investigation; see BENCHMARKS.md.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -51,7 +54,7 @@ pub enum AttentionVariant {
     /// KV sequence split over workgroups, then a merge dispatch.
     Decode,
     /// Prefill on cooperative matrices (f16 q/k/v, a device with 16x16 f16 cooperative matrices
-    /// and subgroups of 32; an error elsewhere).
+    /// and subgroups of 32; an error elsewhere). Experimental: wrong on the H200 (module docs).
     Coop,
     /// The coop kernel with its matrix operations emulated by plain loops: any device with f16; for
     /// testing the coop algorithm where cooperative matrices are missing (slow).
@@ -173,7 +176,7 @@ pub fn attention(
         )
         .map(|d| vec![d])
     };
-    match resolve_variant(gpu, q, k, &dims, opts) {
+    match resolve_variant(&dims, opts) {
         AttentionVariant::Decode => decode(gpu, q, k, v, out, step, &dims, scale, opts),
         AttentionVariant::Coop => coop(false),
         AttentionVariant::CoopEmulated => coop(true),
@@ -181,18 +184,9 @@ pub fn attention(
     }
 }
 
-fn resolve_variant(
-    gpu: &Gpu,
-    q: &Tensor,
-    k: &Tensor,
-    dims: &Dims,
-    opts: &AttentionOptions,
-) -> AttentionVariant {
+fn resolve_variant(dims: &Dims, opts: &AttentionOptions) -> AttentionVariant {
     match opts.variant {
         AttentionVariant::Auto if dims.rows() <= AUTO_DECODE_ROWS => AttentionVariant::Decode,
-        AttentionVariant::Auto if attention_coop::coop_usable(&gpu.caps, q, k, dims.d) => {
-            AttentionVariant::Coop
-        }
         AttentionVariant::Auto => AttentionVariant::Prefill,
         v => v,
     }

@@ -44,10 +44,12 @@ pub(crate) const SOURCE: &str = concat!(
 );
 
 /// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
-/// transformed and rounded once) is shared by 8 teams x R rows x this many; 4 keeps it a small share
-/// of the workgroup's time without starving a large GPU of workgroups at LLM widths.
+/// transformed and rounded once) is shared by 8 teams x R rows x this many. 2 measured best on the
+/// H200 at both Llama 3 8B shapes (`drift bench kernels --filter dp4asweep`, BENCHMARKS.md
+/// 2026-11-30: Q4_0 14336x4096 28.9 -> 25.5 us, 4096x14336 32.8 -> 27.1 us against 1; 4 and 8
+/// starve the 4096-row product of workgroups).
 pub(crate) fn row_groups(requested: u32) -> u32 {
-    if requested == 0 { 4 } else { requested }
+    if requested == 0 { 2 } else { requested }
 }
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
