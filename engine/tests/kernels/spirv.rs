@@ -55,4 +55,3 @@ pub fn to_spirv(name: &str, source: &str, defines: &[(&'static str, String)]) ->
         Err(_) => panic!("{name} {defines:?}: SPIR-V writer panicked"),
     }
 }
-
