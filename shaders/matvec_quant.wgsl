@@ -20,30 +20,7 @@
 // Specialisation: the block type (dequant.wgsl), ALIGNED, TX / TO (x, out scalar types), F16, NB, R, U,
 // UREM (U > 1), WG (workgroup size), XV4 (x offset allows vec4 loads), SG, MIN (type has mins), and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES (with their types and bindings) and STAGE, XS, STAGE_TAIL.
-#if F16
-enable f16;
-#endif
-
-struct Params {
-    offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
-    rows: u32,      // rows of this shard
-    k: u32,
-    ldo: u32,       // row stride of out (N)
-    row0: u32,      // output row of the shard's first row
-    wbyte: u32,     // byte offset of the shard's first row past the word at its base offset (0..3)
-    row_bytes: u32,
-    nchunks: u32,   // K / 32
-    eps: f32,       // NORM
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-#if XV4
-@group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
-#else
-@group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
-#endif
-@group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
+// Params and the bindings are in matvec_quant_io.wgsl (prepended).
 
 const NB = {{NB}}u;
 const R = {{R}}u;

@@ -20,30 +20,7 @@
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES; MAXB (blocks of x the workgroup memory holds, >= K / 32).
 // Needs subgroups (teams are subgroups of any size: team g = subgroup_id, += num_subgroups).
-#if F16
-enable f16;
-#endif
-
-struct Params {
-    offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
-    rows: u32,      // rows of this shard
-    k: u32,
-    ldo: u32,       // row stride of out (N)
-    row0: u32,      // output row of the shard's first row
-    wbyte: u32,     // byte offset of the shard's first row past the word at its base offset (0..3)
-    row_bytes: u32,
-    nchunks: u32,   // K / 32
-    eps: f32,       // NORM
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-#if XV4
-@group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
-#else
-@group(0) @binding(2) var<storage, read> xs: array<{{TX}}>;
-#endif
-@group(0) @binding(3) var<storage, read_write> out: array<{{TO}}>;
+// Params and the bindings are in matvec_quant_io.wgsl (prepended).
 
 const NB = 1u;
 const R = {{R}}u;

@@ -20,8 +20,9 @@ use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Tensor};
 use crate::{shader, shape_err};
 
-/// The float-weight kernel with the shared fused prologues / epilogues appended.
-const MATVEC_SRC: &str = concat!(shader!("matvec.wgsl"), shader!("matvec_fuse.wgsl"));
+/// The float-weight kernel with the shared fused prologues / epilogues appended, as the builder
+/// composes it.
+pub const MATVEC_SRC: &str = concat!(shader!("matvec.wgsl"), shader!("matvec_fuse.wgsl"));
 
 /// Most activation rows one dispatch multiplies.
 pub const MAX_BATCH: usize = 8;

@@ -22,9 +22,10 @@ use crate::{shader, shape_err};
 
 pub use crate::kernels::matvec::MAX_BATCH;
 
-/// The decode kernel: `matvec_quant.wgsl` uses `dequant.wgsl`'s decoders and `matvec_fuse.wgsl`'s
-/// prologues / epilogues.
-const MATVEC_SRC: &str = concat!(
+/// The decode kernel: `matvec_quant_io.wgsl`'s parameters and bindings, then `matvec_quant.wgsl`, which
+/// uses `dequant.wgsl`'s decoders and `matvec_fuse.wgsl`'s prologues / epilogues.
+pub const MATVEC_SRC: &str = concat!(
+    shader!("matvec_quant_io.wgsl"),
     shader!("matvec_quant.wgsl"),
     shader!("dequant.wgsl"),
     shader!("matvec_fuse.wgsl")

@@ -36,8 +36,10 @@ pub(crate) fn eligible(gpu: &Gpu, dtype: DType, batch: usize, k: usize, sg: bool
         && smem_bytes(k) <= gpu.caps.max_workgroup_storage
 }
 
-/// The kernel's source: the dp4a kernel, the block loaders and the fused prologues / epilogues.
-pub(crate) const SOURCE: &str = concat!(
+/// The kernel's source: the parameters and bindings it shares with `matvec_quant.wgsl`, the dp4a kernel,
+/// the block loaders and the fused prologues / epilogues.
+pub const SOURCE: &str = concat!(
+    crate::shader!("matvec_quant_io.wgsl"),
     crate::shader!("matvec_quant_dp4a.wgsl"),
     crate::shader!("dequant.wgsl"),
     crate::shader!("matvec_fuse.wgsl"),

@@ -185,15 +185,9 @@ fn matvec_fusion_options_are_checked() {
 #[test]
 fn matvec_specialisations_compile() {
     use crate::spirv::{combos, to_spirv};
-    let src = concat!(
-        drift_engine::shader!("matvec.wgsl"),
-        drift_engine::shader!("matvec_fuse.wgsl")
-    );
-    let quant_src = concat!(
-        drift_engine::shader!("matvec_quant.wgsl"),
-        drift_engine::shader!("dequant.wgsl"),
-        drift_engine::shader!("matvec_fuse.wgsl")
-    );
+    // The sources exactly as the builders compose them.
+    let src = drift_engine::kernels::matvec::MATVEC_SRC;
+    let quant_src = drift_engine::kernels::quant::MATVEC_SRC;
     // The prologue: none, RMSNorm or SwiGLU (exclusive).
     let prologues = [("0", "0"), ("1", "0"), ("0", "1")];
     let fixed = |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str| {
@@ -260,15 +254,9 @@ fn matvec_specialisations_compile() {
 #[test]
 fn matvec_staged_specialisations_compile() {
     use crate::spirv::{combos, to_spirv};
-    let src = concat!(
-        drift_engine::shader!("matvec.wgsl"),
-        drift_engine::shader!("matvec_fuse.wgsl")
-    );
-    let quant_src = concat!(
-        drift_engine::shader!("matvec_quant.wgsl"),
-        drift_engine::shader!("dequant.wgsl"),
-        drift_engine::shader!("matvec_fuse.wgsl")
-    );
+    // The sources exactly as the builders compose them.
+    let src = drift_engine::kernels::matvec::MATVEC_SRC;
+    let quant_src = drift_engine::kernels::quant::MATVEC_SRC;
     let fixed =
         |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str, xs: &str, xp: &str| {
             d.extend([

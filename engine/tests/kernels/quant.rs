@@ -82,6 +82,54 @@ fn fixtures() -> Vec<(Fixture, Option<Vec<f32>>)> {
         .collect()
 }
 
+/// The integer-dot-product kernel's specialisations lavapipe does not select (Llama 3 8B's K = 14336
+/// needs more workgroup memory than lavapipe has, f16 activations with every fusion) compile to
+/// SPIR-V, and integer dot products are emitted as OpSDot (4450) where the capability is declared.
+#[test]
+fn quant_dp4a_specialisations_compile() {
+    use crate::spirv::{combos, to_spirv};
+    let src = drift_engine::kernels::quant_dp4a::SOURCE;
+    let mut n = 0;
+    for block in ["Q4_0", "Q4_1", "Q8_0"] {
+        for tx in ["f16", "f32"] {
+            for (norm, swiglu, res) in [("0", "0", "0"), ("1", "0", "0"), ("0", "1", "1")] {
+                for mut d in combos(
+                    &[
+                        (block, "1"),
+                        ("TX", tx),
+                        ("TO", "f32"),
+                        ("TB", "f32"),
+                        ("F16", "1"),
+                        ("R", "2"),
+                        ("RG", "2"),
+                        ("MAXB", "448"),
+                        ("NORM", norm),
+                        ("SWIGLU", swiglu),
+                        ("RES", res),
+                        ("NORM_B", "4"),
+                        ("TG", "f32"),
+                        ("RES_B", "4"),
+                        ("TR", "f32"),
+                    ],
+                    &["ALIGNED", "XV4", "GV4"],
+                ) {
+                    d.push(("BIAS", "0".into()));
+                    let words = to_spirv("matvec_quant_dp4a", src, &d);
+                    // Walk the instructions after the 5-word header: word count in the high half.
+                    let (mut i, mut sdot) = (5, false);
+                    while i < words.len() {
+                        sdot |= words[i] & 0xFFFF == 4450;
+                        i += (words[i] >> 16).max(1) as usize;
+                    }
+                    assert!(sdot, "no OpSDot in {d:?}");
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(n, 3 * 2 * 3 * 8);
+}
+
 #[test]
 fn quant_reference_is_bit_identical_to_gguf_py() {
     let all = fixtures();
