@@ -17,14 +17,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 
-const WG: u32 = 256u;
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
+const WG: u32 = 256u; // sample_reduce.wgsl (appended) reduces over it
 var<workgroup> acc: array<f32, WG>;
-
-fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-    return v > bv || (v == bv && i < bi);
-}
 
 // Workgroup argmax over logits, skipping ids already taken (value -inf marks them).
 fn reduce_argmax(lid: u32) -> vec2<u32> {
@@ -37,19 +31,7 @@ fn reduce_argmax(lid: u32) -> vec2<u32> {
             bi = i;
         }
     }
-    best_v[lid] = bv;
-    best_i[lid] = bi;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s && better(best_v[lid + s], best_i[lid + s], best_v[lid], best_i[lid]) {
-            best_v[lid] = best_v[lid + s];
-            best_i[lid] = best_i[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<u32>(best_i[0], bitcast<u32>(best_v[0]));
-    workgroupBarrier();
-    return r;
+    return reduce_best(lid, bv, bi);
 }
 
 @compute @workgroup_size(256)

@@ -25,28 +25,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> partial: array<u32>;
 #endif
 
-const WG: u32 = 256u;
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
-
-fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-    return v > bv || (v == bv && i < bi);
-}
-
-// The workgroup's best of the lanes' (value, id), in lane 0's return value.
-fn reduce(lid: u32, v: f32, i: u32) -> vec2<u32> {
-    best_v[lid] = v;
-    best_i[lid] = i;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s && better(best_v[lid + s], best_i[lid + s], best_v[lid], best_i[lid]) {
-            best_v[lid] = best_v[lid + s];
-            best_i[lid] = best_i[lid + s];
-        }
-        workgroupBarrier();
-    }
-    return vec2<u32>(best_i[0], bitcast<u32>(best_v[0]));
-}
+const WG: u32 = 256u; // sample_reduce.wgsl (appended) reduces over it
 
 #ifnot FINAL
 @compute @workgroup_size(256)
@@ -65,7 +44,7 @@ fn argmax_partial(
             bi = i;
         }
     }
-    let r = reduce(lid, bv, bi);
+    let r = reduce_best(lid, bv, bi);
     if lid == 0u {
         partial[p.off_out + 2u * wid.x] = r.x;
         partial[p.off_out + 2u * wid.x + 1u] = r.y;
@@ -86,7 +65,7 @@ fn argmax_final(@builtin(local_invocation_index) lid: u32) {
             bi = i;
         }
     }
-    let r = reduce(lid, bv, bi);
+    let r = reduce_best(lid, bv, bi);
     if lid == 0u {
         out[p.off_out] = r.x;
         history[p.off_hist + step[p.off_step]] = r.x;

@@ -8,6 +8,9 @@ use crate::kernels::KernelSpec;
 use crate::tensor::{DType, Tensor};
 use crate::{shader, shape_err};
 
+/// The top-k kernel with the shared workgroup reduction appended.
+const TOPK_SRC: &str = concat!(shader!("sample.wgsl"), shader!("sample_reduce.wgsl"));
+
 fn check(logits: &Tensor, step: &Tensor, history: &Tensor) -> Result<()> {
     if logits.dtype != DType::F32 || step.dtype != DType::U32 || history.dtype != DType::U32 {
         return Err(shape_err!(
@@ -40,7 +43,7 @@ pub fn argmax(
         DType::U32,
         crate::Category::Activations,
     )?;
-    let src = shader!("sample_argmax.wgsl");
+    let src = concat!(shader!("sample_argmax.wgsl"), shader!("sample_reduce.wgsl"));
     let first =
         gpu.kernel(&KernelSpec::new("argmax_partial", src, "argmax_partial").define("FINAL", 0))?;
     let last =
@@ -101,7 +104,7 @@ pub fn topk(
             cand.shape
         ));
     }
-    let kernel = gpu.kernel(&KernelSpec::new("topk", shader!("sample.wgsl"), "topk"))?;
+    let kernel = gpu.kernel(&KernelSpec::new("topk", TOPK_SRC, "topk"))?;
     let inv_temp = 1.0 / o.temperature.max(1e-6);
     gpu.dispatch(
         &kernel,
