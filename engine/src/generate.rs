@@ -1,13 +1,16 @@
 //! Text generation on a loaded LLM: prefill, then decode steps until EOS, a stop string, the token
 //! limit or a cancel. Greedy decoding stays on the GPU (argmax writes the next input id) and is
 //! pipelined two steps deep so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
-//! reads back a short candidate list per token.
+//! reads back a short candidate list per token. Decode steps' command buffers are encoded ahead on
+//! worker threads ([`crate::encode_ahead`]), so the submitting thread only writes the step state and
+//! submits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::encode_ahead::{EncodeAhead, EncodeFn, encode_threads};
 use crate::error::{DriftError, Result};
 use crate::exec::Program;
 use crate::gpu::Gpu;
@@ -159,6 +162,15 @@ impl LlmSession {
         let mut decode_program = Program::new();
         decode_program.extend(m.decode_program().dispatches.iter().cloned());
         self.push_select(gpu, &mut decode_program, greedy, k, &opts.sampling)?;
+        // Decode steps are submitted at positions cached.len(), +1, +2, ...: step i fills readback
+        // slot (first_pos + i) % 2, and its command buffer is encoded ahead (see encode_ahead).
+        let first_pos = self.cached.len();
+        let copies = [self.result_copy(0), self.result_copy(1)];
+        let device = gpu.device.clone();
+        let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
+            encode_step(&device, &decode_program, &copies[(first_pos + i) % 2])
+        });
+        let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
         let mut next = Some(first);
         // In flight: the token of each submitted-but-unread step (greedy pipelining).
         let mut pending = 0usize;
@@ -204,7 +216,7 @@ impl LlmSession {
             }
             if pending == 0 {
                 m.set_step(gpu, pos + 1, pos)?;
-                self.submit_step(gpu, &decode_program, pos % 2);
+                self.submit_buffer(gpu, ahead.next_buffer()?, pos % 2);
             }
             kv_rows = pos + 1;
             pending = 0;
@@ -212,12 +224,13 @@ impl LlmSession {
             // GPU), unless this one may be the last.
             if greedy && tokens.len() + 1 < opts.max_tokens && pos + 2 <= m.max_ctx {
                 m.set_step(gpu, pos + 2, pos + 1)?;
-                self.submit_step(gpu, &decode_program, (pos + 1) % 2);
+                self.submit_buffer(gpu, ahead.next_buffer()?, (pos + 1) % 2);
                 pending = 1;
                 kv_rows = pos + 2;
             }
             next = Some(self.read_token(gpu, pos % 2, greedy, k, &mut sampler)?);
         }
+        drop(ahead);
         if pending > 0 {
             gpu.wait()?; // drain the speculative step; its token is discarded
         }
@@ -269,34 +282,22 @@ impl LlmSession {
     }
 
     fn submit_step(&self, gpu: &Gpu, p: &Program, slot: usize) {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            p.encode_into(&mut pass);
-        }
-        self.copy_result(&mut enc, slot);
-        self.inflight.borrow_mut()[slot] = Some(gpu.queue.submit([enc.finish()]));
+        let cb = encode_step(&gpu.device, p, &self.result_copy(slot));
+        self.submit_buffer(gpu, cb, slot);
     }
 
-    fn copy_result(&self, enc: &mut wgpu::CommandEncoder, slot: usize) {
-        let m = &self.model;
-        // Greedy: the id the argmax wrote; sampling: the candidate list.
-        let (src, len) = (&m.ids.storage, 4u64);
-        let (csrc, clen) = (&self.cand.storage, self.cand.byte_len());
-        enc.copy_buffer_to_buffer(
-            &src.buffer.buffer,
-            src.offset,
-            &self.readback[slot].buffer,
-            0,
-            len,
-        );
-        enc.copy_buffer_to_buffer(
-            &csrc.buffer.buffer,
-            csrc.offset,
-            &self.readback[slot].buffer,
-            8,
-            clen,
-        );
+    fn submit_buffer(&self, gpu: &Gpu, cb: wgpu::CommandBuffer, slot: usize) {
+        self.inflight.borrow_mut()[slot] = Some(gpu.queue.submit([cb]));
+    }
+
+    /// What a step copies into readback slot `slot`: the id the argmax wrote (greedy) and the candidate
+    /// list (sampling).
+    fn result_copy(&self, slot: usize) -> ResultCopy {
+        ResultCopy {
+            id: self.model.ids.storage.clone(),
+            candidates: self.cand.storage.clone(),
+            readback: self.readback[slot].clone(),
+        }
     }
 
     fn read_token(
@@ -364,6 +365,27 @@ impl LlmSession {
         self.cached.clear();
         gpu.read_f32(&logits.expect("asked for all logits"))
     }
+}
+
+/// The copies that end a step: its result into a readback slot.
+struct ResultCopy {
+    id: crate::tensor::Storage,
+    candidates: crate::tensor::Storage,
+    readback: std::sync::Arc<crate::memory::GpuBuffer>,
+}
+
+/// One step's command buffer: the program in one compute pass, then the result copies.
+fn encode_step(device: &wgpu::Device, p: &Program, copy: &ResultCopy) -> wgpu::CommandBuffer {
+    let mut enc = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        p.encode_into(&mut pass);
+    }
+    let dst = &copy.readback.buffer;
+    let (id, cand) = (&copy.id, &copy.candidates);
+    enc.copy_buffer_to_buffer(&id.buffer.buffer, id.offset, dst, 0, 4);
+    enc.copy_buffer_to_buffer(&cand.buffer.buffer, cand.offset, dst, 8, cand.len);
+    enc.finish()
 }
 
 #[cfg(test)]

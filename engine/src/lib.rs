@@ -10,6 +10,7 @@
 //! - [`selftest`]: every kernel checked against a CPU reference; used by the tests and by `drift selftest`.
 
 pub mod diffusion;
+pub mod encode_ahead;
 pub mod error;
 pub mod exec;
 pub mod formats;

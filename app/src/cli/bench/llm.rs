@@ -55,6 +55,12 @@ pub struct LlmBench {
     pub decode_gpu_ms_per_token: f64,
     pub dispatches_per_token: usize,
     pub cpu_encode_us_per_token: f64,
+    /// CPU time of encoding and submitting one step (what the submitting thread pays per token when
+    /// nothing is encoded ahead).
+    pub cpu_submit_us_per_token: f64,
+    /// Wall time per step of 32 steps submitted as one command buffer: the GPU's own floor (dispatch
+    /// barriers included, no CPU encoding between steps).
+    pub decode_gpu_wall_ms_per_token: f64,
     pub bytes_per_token: f64,
     pub copy_gbps: f64,
     pub roofline_fraction: f64,
@@ -177,6 +183,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         .map(|k| (k.name, k.total_us))
         .collect();
     let cpu_us = step.cpu_us_per_dispatch(gpu, 20) * step.len() as f64;
+    let (gpu_wall_us, cpu_submit_us) = decode_floors(gpu, &step)?;
     let bytes_per_token = step.cost().bytes;
 
     // Copy bandwidth on this device, for the roofline.
@@ -206,10 +213,41 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         decode_gpu_ms_per_token: decode_gpu_us / 1e3,
         dispatches_per_token: step.len(),
         cpu_encode_us_per_token: cpu_us,
+        cpu_submit_us_per_token: cpu_submit_us,
+        decode_gpu_wall_ms_per_token: gpu_wall_us / 1e3,
         bytes_per_token,
         copy_gbps,
         roofline_fraction: g.decode_tokens_per_s / roofline_tps,
         top_decode_kernels: top,
         top_prefill_kernels: top_prefill,
     })
+}
+
+/// The two floors of a decode step: GPU wall time per step with the CPU out of the way (32 steps in
+/// one submit), and the CPU time of encoding + submitting one step. Medians of 5.
+fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64)> {
+    const REPS: usize = 32;
+    let mut many = Program::new();
+    for _ in 0..REPS {
+        many.extend(step.dispatches.iter().cloned());
+    }
+    let mut walls = Vec::new();
+    let mut cpus = Vec::new();
+    for _ in 0..5 {
+        let cb = many.encode(gpu);
+        gpu.wait()?;
+        let t = Instant::now();
+        gpu.queue.submit([cb]);
+        gpu.wait()?;
+        walls.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
+        let t = Instant::now();
+        for _ in 0..8 {
+            step.submit(gpu);
+        }
+        cpus.push(t.elapsed().as_secs_f64() * 1e6 / 8.0);
+        gpu.wait()?;
+    }
+    walls.sort_by(f64::total_cmp);
+    cpus.sort_by(f64::total_cmp);
+    Ok((walls[2], cpus[2]))
 }

@@ -66,6 +66,10 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
                 r.cpu_encode_us_per_token
             );
             println!(
+                "  floors: GPU {:.3} ms/token with 32 steps in one submit; CPU encode + submit {:.0} us/token",
+                r.decode_gpu_wall_ms_per_token, r.cpu_submit_us_per_token
+            );
+            println!(
                 "  {:.1} MB read per token, copy bandwidth {:.0} GB/s: {:.0}% of the bandwidth roofline",
                 r.bytes_per_token / 1e6,
                 r.copy_gbps,
