@@ -1,6 +1,6 @@
 //! Text generation on a loaded LLM: prefill, then decode steps until EOS, a stop string, the token
 //! limit or a cancel. Greedy decoding stays on the GPU (argmax writes the next input id) and is
-//! pipelined two steps deep so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
+//! pipelined several steps deep so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
 //! reads back a short candidate list per token. Decode steps' command buffers are encoded ahead on
 //! worker threads ([`crate::encode_ahead`]), so the submitting thread only writes the step state and
 //! submits.
@@ -42,6 +42,19 @@ pub struct Generation {
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     pub stop_reason: StopReason,
+    /// Where the decode loop's wall time went (summed over the steps).
+    pub decode_time: DecodeTime,
+}
+
+/// The decode loop's wall time by what the submitting thread did, in microseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct DecodeTime {
+    /// Waiting for an encoded command buffer (the encoders behind).
+    pub encode_wait_us: f64,
+    /// Writing the step state and submitting.
+    pub submit_us: f64,
+    /// Waiting for a step's token (the GPU behind) and reading it back.
+    pub readback_us: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -60,9 +73,10 @@ pub struct LlmSession {
     pub eos: Vec<u32>,
     /// The token ids now in the KV cache.
     pub cached: Vec<u32>,
-    readback: [std::sync::Arc<crate::memory::GpuBuffer>; 2],
+    /// One readback buffer per decode step in flight ([`pipeline_depth`]).
+    readback: Vec<std::sync::Arc<crate::memory::GpuBuffer>>,
     /// The submission that fills each readback slot.
-    inflight: std::cell::RefCell<[Option<wgpu::SubmissionIndex>; 2]>,
+    inflight: std::cell::RefCell<Vec<Option<wgpu::SubmissionIndex>>>,
     cand: Tensor,
 }
 
@@ -89,8 +103,8 @@ impl LlmSession {
                 DType::U32,
                 Category::Activations,
             )?,
-            readback: [rb()?, rb()?],
-            inflight: Default::default(),
+            readback: (0..pipeline_depth()).map(|_| rb()).collect::<Result<_>>()?,
+            inflight: std::cell::RefCell::new(vec![None; pipeline_depth()]),
             model,
             tokenizer,
             template,
@@ -163,19 +177,22 @@ impl LlmSession {
         decode_program.extend(m.decode_program().dispatches.iter().cloned());
         self.push_select(gpu, &mut decode_program, greedy, k, &opts.sampling)?;
         // Decode steps are submitted at positions cached.len(), +1, +2, ...: step i fills readback
-        // slot (first_pos + i) % 2, and its command buffer is encoded ahead (see encode_ahead).
+        // slot (first_pos + i) % slots, and its command buffer is encoded ahead (see encode_ahead).
         let first_pos = self.cached.len();
-        let copies = [self.result_copy(0), self.result_copy(1)];
+        let slots = self.readback.len();
+        let copies: Vec<ResultCopy> = (0..slots).map(|s| self.result_copy(s)).collect();
         let device = gpu.device.clone();
         let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
-            encode_step(&device, &decode_program, &copies[(first_pos + i) % 2])
+            encode_step(&device, &decode_program, &copies[(first_pos + i) % slots])
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
+        let mut time = DecodeTime::default();
         let mut next = Some(first);
-        // In flight: the token of each submitted-but-unread step (greedy pipelining).
-        let mut pending = 0usize;
-        // KV rows written so far: a token that ends the loop before its decode step has no row yet.
-        let mut kv_rows = prompt.len();
+        // Greedy keeps `slots` steps in flight: a step's input id is the previous step's argmax, already
+        // on the GPU, so the GPU never waits for the CPU to read a token back (or to wake up).
+        let depth = if greedy { slots } else { 1 };
+        // The position of the next step to submit; every position below it has its KV rows.
+        let mut next_submit = first_pos;
         while let Some(tok) = next.take() {
             let pos = self.cached.len();
             if self.eos.contains(&tok) {
@@ -214,26 +231,35 @@ impl LlmSession {
                 gpu.write_tensor_bytes(&m.ids.view(0, &[1])?, bytemuck::bytes_of(&tok))?;
                 gpu.write_tensor_bytes(&m.history.view(pos, &[1])?, bytemuck::bytes_of(&tok))?;
             }
-            if pending == 0 {
-                m.set_step(gpu, pos + 1, pos)?;
-                self.submit_buffer(gpu, ahead.next_buffer()?, pos % 2);
+            // The step at `pos` (unless already queued) and, greedy, the ones after it, up to the
+            // last that could be needed: its token must be under the limit and its row in the context.
+            while next_submit < pos + depth {
+                let s = next_submit;
+                let needed = s == pos || (s - first_pos + 1 < opts.max_tokens && s < m.max_ctx);
+                if !needed {
+                    break;
+                }
+                let t = Instant::now();
+                let cb = ahead.next_buffer()?;
+                let t_cb = Instant::now();
+                m.set_step(gpu, s + 1, s)?;
+                self.submit_buffer(gpu, cb, s % slots);
+                time.encode_wait_us += (t_cb - t).as_secs_f64() * 1e6;
+                time.submit_us += t_cb.elapsed().as_secs_f64() * 1e6;
+                next_submit += 1;
             }
-            kv_rows = pos + 1;
-            pending = 0;
-            // Greedy: queue the following step before reading this one (its input id is already on the
-            // GPU), unless this one may be the last.
-            if greedy && tokens.len() + 1 < opts.max_tokens && pos + 2 <= m.max_ctx {
-                m.set_step(gpu, pos + 2, pos + 1)?;
-                self.submit_buffer(gpu, ahead.next_buffer()?, (pos + 1) % 2);
-                pending = 1;
-                kv_rows = pos + 2;
-            }
-            next = Some(self.read_token(gpu, pos % 2, greedy, k, &mut sampler)?);
+            let t = Instant::now();
+            next = Some(self.read_token(gpu, pos % slots, greedy, k, &mut sampler)?);
+            time.readback_us += t.elapsed().as_secs_f64() * 1e6;
         }
         drop(ahead);
-        if pending > 0 {
-            gpu.wait()?; // drain the speculative step; its token is discarded
+        let unread = self.inflight.borrow().iter().any(Option::is_some);
+        if unread {
+            // Drain the speculative steps; their tokens are discarded.
+            gpu.wait()?;
+            self.inflight.borrow_mut().fill(None);
         }
+        let kv_rows = next_submit;
         // Only tokens with KV rows may be reused by the next call.
         self.cached.truncate(kv_rows);
         let decode_s = t1.elapsed().as_secs_f64();
@@ -248,6 +274,7 @@ impl LlmSession {
                 0.0
             },
             stop_reason: stop,
+            decode_time: time,
         })
     }
 
@@ -365,6 +392,17 @@ impl LlmSession {
         self.cached.clear();
         gpu.read_f32(&logits.expect("asked for all logits"))
     }
+}
+
+/// Greedy decode steps kept in flight: `DRIFT_PIPELINE_DEPTH` (at least 1), default 4. Two hide the
+/// readback; more also hide a late wake-up of the submitting thread (measured on the H200, where the
+/// 135M model's loop ran at half the GPU's speed in some processes with two).
+fn pipeline_depth() -> usize {
+    std::env::var("DRIFT_PIPELINE_DEPTH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4usize)
+        .max(1)
 }
 
 /// The copies that end a step: its result into a readback slot.

@@ -45,9 +45,13 @@ fn fixture(name: &str) -> (HfFolder, Value) {
 }
 
 fn session(gpu: &Gpu, name: &str) -> (LlmSession, Value) {
+    session_ctx(gpu, name, 64)
+}
+
+fn session_ctx(gpu: &Gpu, name: &str, ctx: usize) -> (LlmSession, Value) {
     let (f, r) = fixture(name);
     let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
-    let model = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
+    let model = LlamaModel::new(gpu, f.config.clone(), w, ctx).unwrap();
     (
         LlmSession::new(gpu, model, f.tokenizer, f.template, f.eos).unwrap(),
         r,
@@ -238,6 +242,48 @@ fn chat_session_reuses_the_cache_and_limits_hold() {
         .generate(gpu, &prompt, &sopts, &cancel, &mut |_| {})
         .unwrap();
     assert_eq!(x.tokens, y.tokens);
+}
+
+/// Greedy decode keeps several steps in flight ahead of the token it reads: at the end of the context
+/// and at the token limit none of them may write past the cache or change a token, and a conversation
+/// continued after a stop reuses only rows that hold its tokens.
+#[test]
+fn pipelined_decode_stops_cleanly_at_the_context_and_the_limit() {
+    let gpu = gpu();
+    let (_, r) = fixture("llama-gqa");
+    let prompt = ids(&r["prompt_ids"]);
+    let want = ids(&r["greedy"]);
+    let cancel = AtomicBool::new(false);
+    let greedy = |max_tokens| GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        stop: vec![],
+    };
+    // Room for 7 generated tokens: the 7th has no row, so generation ends there.
+    let ctx = prompt.len() + 6;
+    let (mut s, _) = session_ctx(gpu, "llama-gqa", ctx);
+    let full = s
+        .generate(gpu, &prompt, &greedy(32), &cancel, &mut |_| {})
+        .unwrap();
+    assert_eq!(full.stop_reason, StopReason::ContextFull);
+    assert_eq!(full.tokens, want[..7].to_vec());
+    assert!(s.cached.len() <= ctx);
+    // Limits of 1..=4 tokens (under, at and past the pipeline's depth) each give the reference's
+    // prefix, and the conversation continued from each matches the reference's continuation.
+    let (mut s, _) = session(gpu, "llama-gqa");
+    for n in 1..=4 {
+        s.reset();
+        let a = s
+            .generate(gpu, &prompt, &greedy(n), &cancel, &mut |_| {})
+            .unwrap();
+        assert_eq!(a.tokens, want[..n].to_vec(), "limit {n}");
+        let mut longer = prompt.clone();
+        longer.extend(&a.tokens);
+        let b = s
+            .generate(gpu, &longer, &greedy(3), &cancel, &mut |_| {})
+            .unwrap();
+        assert_eq!(b.tokens, want[n..n + 3].to_vec(), "continued after {n}");
+    }
 }
 
 /// A copy of a fixture folder in a fresh temp dir.

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use drift_engine::generate::{GenerateOptions, LlmSession};
+use drift_engine::generate::{DecodeTime, GenerateOptions, LlmSession};
 use drift_engine::kernels::copy::copy;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights, QuantScheme};
 use drift_engine::models::load::open_llm;
@@ -61,6 +61,10 @@ pub struct LlmBench {
     /// Wall time per step of 32 steps submitted as one command buffer: the GPU's own floor (dispatch
     /// barriers included, no CPU encoding between steps).
     pub decode_gpu_wall_ms_per_token: f64,
+    /// The same with each step its own command buffer and submit (all submitted, then one wait).
+    pub decode_gpu_wall_submits_ms_per_token: f64,
+    /// The generation loop's time per token by what it waited on.
+    pub decode_loop_us_per_token: DecodeTime,
     pub bytes_per_token: f64,
     pub copy_gbps: f64,
     pub roofline_fraction: f64,
@@ -183,7 +187,13 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         .map(|k| (k.name, k.total_us))
         .collect();
     let cpu_us = step.cpu_us_per_dispatch(gpu, 20) * step.len() as f64;
-    let (gpu_wall_us, cpu_submit_us) = decode_floors(gpu, &step)?;
+    let (gpu_wall_us, gpu_wall_submits_us, cpu_submit_us) = decode_floors(gpu, &step)?;
+    let per_token = |us: f64| us / g.tokens.len().max(1) as f64;
+    let loop_time = DecodeTime {
+        encode_wait_us: per_token(g.decode_time.encode_wait_us),
+        submit_us: per_token(g.decode_time.submit_us),
+        readback_us: per_token(g.decode_time.readback_us),
+    };
     let bytes_per_token = step.cost().bytes;
 
     // Copy bandwidth on this device, for the roofline.
@@ -215,6 +225,8 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         cpu_encode_us_per_token: cpu_us,
         cpu_submit_us_per_token: cpu_submit_us,
         decode_gpu_wall_ms_per_token: gpu_wall_us / 1e3,
+        decode_gpu_wall_submits_ms_per_token: gpu_wall_submits_us / 1e3,
+        decode_loop_us_per_token: loop_time,
         bytes_per_token,
         copy_gbps,
         roofline_fraction: g.decode_tokens_per_s / roofline_tps,
@@ -223,31 +235,40 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     })
 }
 
-/// The two floors of a decode step: GPU wall time per step with the CPU out of the way (32 steps in
-/// one submit), and the CPU time of encoding + submitting one step. Medians of 5.
-fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64)> {
+/// The floors of a decode step: GPU wall time per step with the CPU out of the way (32 steps in one
+/// command buffer; and 32 pre-encoded command buffers, one submit each, then one wait), and the CPU
+/// time of encoding + submitting one step. Medians of 5, in microseconds.
+fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64, f64)> {
     const REPS: usize = 32;
     let mut many = Program::new();
     for _ in 0..REPS {
         many.extend(step.dispatches.iter().cloned());
     }
-    let mut walls = Vec::new();
-    let mut cpus = Vec::new();
+    let (mut one, mut each, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..5 {
         let cb = many.encode(gpu);
         gpu.wait()?;
         let t = Instant::now();
         gpu.queue.submit([cb]);
         gpu.wait()?;
-        walls.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
+        one.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
+        let cbs: Vec<_> = (0..REPS).map(|_| step.encode(gpu)).collect();
+        let t = Instant::now();
+        for cb in cbs {
+            gpu.queue.submit([cb]);
+        }
+        gpu.wait()?;
+        each.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
         let t = Instant::now();
         for _ in 0..8 {
             step.submit(gpu);
         }
-        cpus.push(t.elapsed().as_secs_f64() * 1e6 / 8.0);
+        cpu.push(t.elapsed().as_secs_f64() * 1e6 / 8.0);
         gpu.wait()?;
     }
-    walls.sort_by(f64::total_cmp);
-    cpus.sort_by(f64::total_cmp);
-    Ok((walls[2], cpus[2]))
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(one), median(each), median(cpu)))
 }

@@ -66,8 +66,15 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
                 r.cpu_encode_us_per_token
             );
             println!(
-                "  floors: GPU {:.3} ms/token with 32 steps in one submit; CPU encode + submit {:.0} us/token",
-                r.decode_gpu_wall_ms_per_token, r.cpu_submit_us_per_token
+                "  floors: GPU {:.3} ms/token with 32 steps in one submit, {:.3} ms/token with a submit per step; CPU encode + submit {:.0} us/token",
+                r.decode_gpu_wall_ms_per_token,
+                r.decode_gpu_wall_submits_ms_per_token,
+                r.cpu_submit_us_per_token
+            );
+            let l = &r.decode_loop_us_per_token;
+            println!(
+                "  generation loop per token: {:.0} us waiting for encoders, {:.0} us submitting, {:.0} us waiting for the GPU",
+                l.encode_wait_us, l.submit_us, l.readback_us
             );
             println!(
                 "  {:.1} MB read per token, copy bandwidth {:.0} GB/s: {:.0}% of the bandwidth roofline",
