@@ -12,8 +12,7 @@
 //! kernels, 7 dispatches per layer: the QKV, gate-up and LM-head products normalise the f32 residual
 //! stream on the fly (RMSNorm prologue), the down product applies SwiGLU to the gate-up rows (SwiGLU
 //! prologue), and the O and down products add into the residual stream in place (residual epilogue).
-//! Models narrower than 1024 keep the unfused program by default (see [`decode_fusion_default`]);
-//! `DRIFT_DECODE_FUSION=0|1` (read when a model is built) forces either, for A/B timing.
+//! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Dispatch, Program};
@@ -40,16 +39,11 @@ pub use crate::models::llama_weights::{
 };
 
 /// Whether decode fuses norms, SwiGLU and residual adds into the matrix-vector products:
-/// `DRIFT_DECODE_FUSION=0` / `=1` decides; otherwise models at least 1024 wide fuse. Measured on the
-/// H200 (BENCHMARKS.md 2026-11-30): llama-3.2-1b (2048 wide) 749 -> 784 tok/s fused, smollm2-135m
-/// (576 wide) 755 -> 430 tok/s: its products have too few rows for the per-workgroup prologue to pay
-/// for the dispatches it saves.
-fn decode_fusion_default(hidden: usize) -> bool {
-    match std::env::var("DRIFT_DECODE_FUSION").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => hidden >= 1024,
-    }
+/// `DRIFT_DECODE_FUSION=0` / `=1` decides; fused by default. Measured on the H200 (BENCHMARKS.md
+/// 2026-11-30, GPU clocks warmed): llama-3.2-1b 749 -> 784 tok/s, smollm2-135m 744 -> 905 tok/s (an
+/// earlier reading of 430 for the 135M model was the GPU still at idle clocks).
+fn decode_fusion_default() -> bool {
+    !matches!(std::env::var("DRIFT_DECODE_FUSION").as_deref(), Ok("0"))
 }
 
 /// Activations of one stage (T rows). The fused matrix-vector stage has no separate normed input,
@@ -176,7 +170,7 @@ impl LlamaModel {
         let scratch = scratch_elems
             .map(|n| gpu.tensor("dequant scratch", &[n], w.dtype, Category::Activations))
             .transpose()?;
-        let fusion = decode_fusion_default(cfg.hidden);
+        let fusion = decode_fusion_default();
         let decode_fused = fusion && fusable(&w, 1);
         let mut m = LlamaModel {
             step: u32s("step", 2)?,
