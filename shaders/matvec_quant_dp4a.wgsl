@@ -17,7 +17,8 @@
 // Q4_1: w = d q + m;               sum w x = dw dx S + m sx
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
-// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, XV4 and
+// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, BU2
+// (two blocks per row in flight per lane), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES; MAXB (blocks of x the workgroup memory holds, >= K / 32).
 // Needs subgroups (teams are subgroups of any size: team g = subgroup_id, += num_subgroups).
 // Params and the bindings are in matvec_quant_io.wgsl (prepended).
@@ -75,6 +76,15 @@ fn split(s: vec4<f32>, o: u32) {
     let h = round(s);
     xq[o] = pack4xI8(vec4<i32>(h));
     xq[o + 8u] = pack4xI8(vec4<i32>(round((s - h) * 254.0)));
+}
+
+// The int8 words of x's block c (qh then ql).
+fn x_block(c: u32) -> array<u32, 16> {
+    let o = 16u * c;
+    return array<u32, 16>(
+        xq[o], xq[o + 1u], xq[o + 2u], xq[o + 3u], xq[o + 4u], xq[o + 5u], xq[o + 6u], xq[o + 7u],
+        xq[o + 8u], xq[o + 9u], xq[o + 10u], xq[o + 11u], xq[o + 12u], xq[o + 13u], xq[o + 14u], xq[o + 15u],
+    );
 }
 
 // sum q x over a block in units of dx, from the 8 weight words `wq` (4 int8 or 4-bit values each, in
@@ -165,12 +175,24 @@ fn matvec(
             rb[r] = tensor_base(1u) * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
         }
         var acc: array<f32, R>;
-        for (var c = lane; c < p.nchunks; c += sgs) {
-            let o = 16u * c;
-            let x = array<u32, 16>(
-                xq[o], xq[o + 1u], xq[o + 2u], xq[o + 3u], xq[o + 4u], xq[o + 5u], xq[o + 6u], xq[o + 7u],
-                xq[o + 8u], xq[o + 9u], xq[o + 10u], xq[o + 11u], xq[o + 12u], xq[o + 13u], xq[o + 14u], xq[o + 15u],
-            );
+        var c = lane;
+#if BU2
+        // Two blocks per row in flight per lane: the loads of both are issued before either is used.
+        for (; c + sgs < p.nchunks; c += 2u * sgs) {
+            let c1 = c + sgs;
+            let x0 = x_block(c);
+            let x1 = x_block(c1);
+            let dx0 = xd[c];
+            let dx1 = xd[c1];
+            for (var r = 0u; r < R; r++) {
+                let w0 = load(rb[r], c);
+                let w1 = load(rb[r], c1);
+                acc[r] += block_dot(w0, x0, dx0) + block_dot(w1, x1, dx1);
+            }
+        }
+#endif
+        for (; c < p.nchunks; c += sgs) {
+            let x = x_block(c);
             let dx = xd[c];
             for (var r = 0u; r < R; r++) {
                 acc[r] += block_dot(load(rb[r], c), x, dx);

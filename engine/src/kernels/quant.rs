@@ -93,8 +93,8 @@ pub struct QuantTuning {
     /// Use the integer-dot-product kernel where it applies ([`crate::kernels::quant_dp4a`]: Q4_0,
     /// Q4_1, Q8_0, one activation row). On by default; `DRIFT_DP4A=0` turns the default off (A/B runs).
     pub dp4a: bool,
-    /// Integer-dot-product kernel: row groups per workgroup (0 = automatic, see
-    /// [`quant_dp4a::row_groups`]).
+    /// Integer-dot-product kernel: row groups per workgroup; 0 = automatic, which also picks its rows
+    /// per team (see [`quant_dp4a::team_shape`]).
     pub row_groups: u32,
 }
 
@@ -303,7 +303,14 @@ pub fn matvec_quant_shards_tuned(
     } else {
         TEAMS as u32 * 32
     };
-    let r = tuning.rows_per_team as usize;
+    let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
+    // Rows per team and row groups per workgroup (the float kernel has one group).
+    let (r, rg) = if dp4a {
+        quant_dp4a::team_shape(tuning.rows_per_team, tuning.row_groups)
+    } else {
+        (tuning.rows_per_team, 1)
+    };
+    let r = r as usize;
     // The workgroup-memory reduction's tree (f32 per invocation and row when staged: one batch row).
     let tree_bytes = if sg { 0 } else { wg * 4 * r as u32 };
     // Lanes read x in chunks of 32 elements: 8 vec4s.
@@ -339,11 +346,10 @@ pub fn matvec_quant_shards_tuned(
             fusion.suffix(),
         );
         let red = if sg { "_sg" } else { "_wg" };
-        let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
         // The dp4a kernel stages its own (int8) input.
-        let rg = quant_dp4a::row_groups(tuning.row_groups);
         let spec = if dp4a {
-            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, rg)
+            let bu = quant_dp4a::blocks_in_flight(gpu, tuning.chunks_per_step);
+            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, rg, bu)
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -370,7 +376,7 @@ pub fn matvec_quant_shards_tuned(
         let spec = if tuning.trusted { spec.trusted() } else { spec };
         let kernel = gpu.kernel(&spec)?;
         let rows = sh.tensor.shape[0];
-        let groups = rows.div_ceil(TEAMS * r * if dp4a { rg as usize } else { 1 }) as u32;
+        let groups = rows.div_ceil(TEAMS * r * rg as usize) as u32;
         let params = [
             rows as u32,
             k as u32,

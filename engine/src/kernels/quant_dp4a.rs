@@ -45,21 +45,37 @@ pub const SOURCE: &str = concat!(
     crate::shader!("matvec_fuse.wgsl"),
 );
 
-/// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
-/// transformed and rounded once) is shared by 8 teams x R rows x this many. 2 measured best on the
-/// H200 at both Llama 3 8B shapes (`drift bench kernels --filter dp4asweep`, BENCHMARKS.md
-/// 2026-11-30: Q4_0 14336x4096 28.9 -> 25.5 us, 4096x14336 32.8 -> 27.1 us against 1; 4 and 8
-/// starve the 4096-row product of workgroups).
-pub(crate) fn row_groups(requested: u32) -> u32 {
-    if requested == 0 { 2 } else { requested }
+/// Rows per team and row groups per workgroup: as requested, or for `row_groups` = 0 (automatic) 4
+/// rows per team and one group. The workgroup's pre-pass (x read, transformed and rounded once) is
+/// shared by 8 teams x R rows x groups. Measured on the H200 with two blocks in flight
+/// (`drift bench kernels --filter dp4asweep`, BENCHMARKS.md 2026-11-30): Q4_0 14336x4096 24.9 us at
+/// 2 x 2 (the previous default), 21.8 at 4 x 1; 4096x14336 27.1 -> 22.5; Q8_0 14336x4096 32.9 ->
+/// 30.9. More groups starve the 4096-row products of workgroups.
+pub(crate) fn team_shape(rows_per_team: u32, row_groups: u32) -> (u32, u32) {
+    if row_groups == 0 {
+        (4, 1)
+    } else {
+        (rows_per_team, row_groups)
+    }
 }
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
 /// rows per team, x vector access and the fusion defines).
-pub(crate) fn spec(name: String, k: usize, row_groups: u32) -> KernelSpec {
+pub(crate) fn spec(name: String, k: usize, row_groups: u32, blocks: u32) -> KernelSpec {
     KernelSpec::new(name, SOURCE, "matvec")
         .define("MAXB", max_blocks(k))
         .define("RG", row_groups)
+        .define("BU2", u8::from(blocks >= 2))
+}
+
+/// Blocks per row a lane keeps in flight for `chunks_per_step` = 0 (automatic): 1 on CPU devices, else
+/// 2 (`--filter dp4asweep` on the H200: Q4_0 14336x4096 at 2 x 2 rows 24.9 -> 24.4 us; a small gain).
+pub(crate) fn blocks_in_flight(gpu: &Gpu, requested: u32) -> u32 {
+    match requested {
+        0 if gpu.info.device_type == wgpu::DeviceType::Cpu => 1,
+        0 => 2,
+        u => u.min(2),
+    }
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ fn quant_dp4a_specialisations_compile() {
                         ("RES_B", "4"),
                         ("TR", "f32"),
                     ],
-                    &["ALIGNED", "XV4", "GV4"],
+                    &["ALIGNED", "XV4", "GV4", "BU2"],
                 ) {
                     d.push(("BIAS", "0".into()));
                     let words = to_spirv("matvec_quant_dp4a", src, &d);
@@ -127,7 +127,7 @@ fn quant_dp4a_specialisations_compile() {
             }
         }
     }
-    assert_eq!(n, 3 * 2 * 3 * 8);
+    assert_eq!(n, 3 * 2 * 3 * 16);
 }
 
 #[test]

@@ -178,13 +178,23 @@ pub fn run_all(
             let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
             let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
             let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-            for (r, rg) in [(1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4)] {
+            for (r, rg, u) in [
+                (2, 2, 1),
+                (2, 1, 2),
+                (2, 2, 2),
+                (2, 4, 2),
+                (1, 2, 2),
+                (1, 4, 2),
+                (4, 1, 2),
+                (4, 2, 2),
+            ] {
                 let tuning = QuantTuning {
                     rows_per_team: r,
                     row_groups: rg,
+                    chunks_per_step: u,
                     ..QuantTuning::default()
                 };
-                let name = format!("dp4asweep {dtype:?} {n}x{k} r{r} rg{rg}");
+                let name = format!("dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u}");
                 let m = measure(
                     gpu,
                     &name,

@@ -66,10 +66,20 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
                 r.cpu_encode_us_per_token
             );
             println!(
-                "  floors: GPU {:.3} ms/token with 32 steps in one submit, {:.3} ms/token with a submit per step; CPU encode + submit {:.0} us/token",
+                "  floors: GPU {:.3} ms/token with 32 steps in one command buffer, {:.3} with a submit per step, {:.3} with 32 command buffers in one submit; CPU encode + submit {:.0} us/token",
                 r.decode_gpu_wall_ms_per_token,
                 r.decode_gpu_wall_submits_ms_per_token,
+                r.decode_gpu_wall_batched_ms_per_token,
                 r.cpu_submit_us_per_token
+            );
+            let runs: Vec<String> = r
+                .decode_runs_tokens_per_s
+                .iter()
+                .map(|t| format!("{t:.1}"))
+                .collect();
+            println!(
+                "  decode runs (tok/s, median reported): {}",
+                runs.join(", ")
             );
             let l = &r.decode_loop_us_per_token;
             println!(
