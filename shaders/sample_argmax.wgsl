@@ -3,11 +3,13 @@
 //   argmax_partial: workgroup w reduces the logits w*WG + lane, stepping by the whole grid, and writes its
 //                   (id, value bits) to partial[2w ..].
 //   argmax_final:   one workgroup reduces the `parts` pairs and writes the id to out[0] (the next step's
-//                   input) and to history[step[0]] (the token's position).
+//                   input) and to history[step[0]] (the token's position); with ADVANCE it then moves
+//                   the step state one row on, (kv_len, pos0) += 1, so the next decode step needs no
+//                   write from the host.
 // One workgroup over a 128k vocabulary walks 500 dependent loads per lane (~0.2 ms on an H200); spread over
 // the device the first pass is a bandwidth-bound read of the logits.
 //
-// Specialisation: FINAL (which pass; the passes bind different buffers).
+// Specialisation: FINAL (which pass; the passes bind different buffers), ADVANCE.
 
 struct Params {
     off_in: u32, off_out: u32, off_hist: u32, off_step: u32, o4: u32, o5: u32, o6: u32, o7: u32,
@@ -19,7 +21,11 @@ struct Params {
 @group(0) @binding(1) var<storage, read> partial: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
+#if ADVANCE
+@group(0) @binding(4) var<storage, read_write> step: array<u32>;
+#else
 @group(0) @binding(4) var<storage, read> step: array<u32>;
+#endif
 #else
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> partial: array<u32>;
@@ -68,7 +74,13 @@ fn argmax_final(@builtin(local_invocation_index) lid: u32) {
     let r = reduce_best(lid, bv, bi);
     if lid == 0u {
         out[p.off_out] = r.x;
-        history[p.off_hist + step[p.off_step]] = r.x;
+        let kv_len = step[p.off_step];
+        history[p.off_hist + kv_len] = r.x;
+#if ADVANCE
+        // Only this invocation reads the step state in this dispatch.
+        step[p.off_step] = kv_len + 1u;
+        step[p.off_step + 1u] += 1u;
+#endif
     }
 }
 #endif

@@ -348,7 +348,7 @@ pub fn matvec_quant_shards_tuned(
         let red = if sg { "_sg" } else { "_wg" };
         // The dp4a kernel stages its own (int8) input.
         let spec = if dp4a {
-            let bu = quant_dp4a::blocks_in_flight(gpu, tuning.chunks_per_step);
+            let bu = quant_dp4a::blocks_in_flight(tuning.chunks_per_step);
             quant_dp4a::spec(format!("{name}{red}_dp4a"), k, rg, bu)
         } else {
             KernelSpec::new(

@@ -45,15 +45,15 @@ pub const SOURCE: &str = concat!(
     crate::shader!("matvec_fuse.wgsl"),
 );
 
-/// Rows per team and row groups per workgroup: as requested, or for `row_groups` = 0 (automatic) 4
-/// rows per team and one group. The workgroup's pre-pass (x read, transformed and rounded once) is
-/// shared by 8 teams x R rows x groups. Measured on the H200 with two blocks in flight
-/// (`drift bench kernels --filter dp4asweep`, BENCHMARKS.md 2026-11-30): Q4_0 14336x4096 24.9 us at
-/// 2 x 2 (the previous default), 21.8 at 4 x 1; 4096x14336 27.1 -> 22.5; Q8_0 14336x4096 32.9 ->
-/// 30.9. More groups starve the 4096-row products of workgroups.
+/// Rows per team and row groups per workgroup: as requested, or for `row_groups` = 0 (automatic) 2
+/// rows per team and two groups. The workgroup's pre-pass (x read, transformed and rounded once) is
+/// shared by 8 teams x R rows x groups. On the H200 (BENCHMARKS.md 2026-11-30) 4 x 1 with two blocks
+/// in flight was faster alone (`--filter dp4asweep`: Q4_0 14336x4096 24.9 -> 21.8 us, 4096x14336
+/// 27.1 -> 22.5) but slower in the fused model (`drift bench llm --shape llama-3.1-8b --quant q4_0`:
+/// 244 -> 230 tok/s), so 2 x 2 stays.
 pub(crate) fn team_shape(rows_per_team: u32, row_groups: u32) -> (u32, u32) {
     if row_groups == 0 {
-        (4, 1)
+        (2, 2)
     } else {
         (rows_per_team, row_groups)
     }
@@ -68,12 +68,12 @@ pub(crate) fn spec(name: String, k: usize, row_groups: u32, blocks: u32) -> Kern
         .define("BU2", u8::from(blocks >= 2))
 }
 
-/// Blocks per row a lane keeps in flight for `chunks_per_step` = 0 (automatic): 1 on CPU devices, else
-/// 2 (`--filter dp4asweep` on the H200: Q4_0 14336x4096 at 2 x 2 rows 24.9 -> 24.4 us; a small gain).
-pub(crate) fn blocks_in_flight(gpu: &Gpu, requested: u32) -> u32 {
+/// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 2 at most. Two
+/// gained little alone on the H200 (Q4_0 14336x4096 at 2 x 2 rows: 24.9 -> 24.4 us) and lost in the
+/// fused 8B model (244 -> 238.5 tok/s), so they are a tuning option (`--filter dp4asweep`).
+pub(crate) fn blocks_in_flight(requested: u32) -> u32 {
     match requested {
-        0 if gpu.info.device_type == wgpu::DeviceType::Cpu => 1,
-        0 => 2,
+        0 => 1,
         u => u.min(2),
     }
 }

@@ -22,13 +22,15 @@ fn check(logits: &Tensor, step: &Tensor, history: &Tensor) -> Result<()> {
 
 /// `ids[0] = history[step[0]] = argmax(logits)` (lowest id on ties), as two dispatches
 /// (`shaders/sample_argmax.wgsl`): workgroups over the whole device reduce slices of the vocabulary into a
-/// small scratch of (id, value) pairs, then one workgroup reduces those.
+/// small scratch of (id, value) pairs, then one workgroup reduces those. With `advance`, the second
+/// then adds one to both words of `step` (kv_len, pos0): the state of the next one-row decode step.
 pub fn argmax(
     gpu: &Gpu,
     logits: &Tensor,
     ids: &Tensor,
     history: &Tensor,
     step: &Tensor,
+    advance: bool,
 ) -> Result<Vec<Dispatch>> {
     check(logits, step, history)?;
     let v = logits.numel();
@@ -46,8 +48,16 @@ pub fn argmax(
     let src = concat!(shader!("sample_argmax.wgsl"), shader!("sample_reduce.wgsl"));
     let first =
         gpu.kernel(&KernelSpec::new("argmax_partial", src, "argmax_partial").define("FINAL", 0))?;
-    let last =
-        gpu.kernel(&KernelSpec::new("argmax_final", src, "argmax_final").define("FINAL", 1))?;
+    let name = if advance {
+        "argmax_final_advance"
+    } else {
+        "argmax_final"
+    };
+    let last = gpu.kernel(
+        &KernelSpec::new(name, src, "argmax_final")
+            .define("FINAL", 1)
+            .define("ADVANCE", u8::from(advance)),
+    )?;
     let (v, parts) = (v as u32, parts as u32);
     Ok(vec![
         gpu.dispatch(

@@ -191,7 +191,7 @@ impl LlamaModel {
         };
         m.decode = Some(m.build_decode(gpu)?);
         let ids = m.ids.view(0, &[1])?;
-        m.greedy = argmax(gpu, &m.logits, &ids, &m.history, &m.step)?;
+        m.greedy = argmax(gpu, &m.logits, &ids, &m.history, &m.step, true)?;
         Ok(m)
     }
 

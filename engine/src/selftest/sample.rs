@@ -70,19 +70,40 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         gpu.poison(&ids)?;
         gpu.poison(&history)?;
         let mut p = Program::new();
-        p.extend(argmax(gpu, &l, &ids.view(0, &[1])?, &history, &step)?);
+        // Every other case also advances the step state.
+        let advance = ties;
+        p.extend(argmax(
+            gpu,
+            &l,
+            &ids.view(0, &[1])?,
+            &history,
+            &step,
+            advance,
+        )?);
         p.run(gpu)?;
         let got_ids = u32s(&gpu.read_bytes(&ids)?);
         let got_hist = u32s(&gpu.read_bytes(&history)?);
+        let got_step = u32s(&gpu.read_bytes(&step)?);
+        let want_step = if advance { [pos + 1, 1] } else { [pos, 0] };
         // The id, at both places, and nothing else written.
         let untouched = got_ids[1..].iter().all(|&v| v == u32::MAX)
             && got_hist
                 .iter()
                 .enumerate()
                 .all(|(i, &v)| i == pos as usize || v == u32::MAX);
-        let passed = got_ids[0] == want && got_hist[pos as usize] == want && untouched;
+        let passed = got_ids[0] == want
+            && got_hist[pos as usize] == want
+            && untouched
+            && got_step == want_step;
         out.push(Check {
-            name: format!("argmax vocab {vocab}{}", if ties { " (ties)" } else { "" }),
+            name: format!(
+                "argmax vocab {vocab}{}",
+                if ties {
+                    " (ties, advancing the step)"
+                } else {
+                    ""
+                }
+            ),
             passed,
             worst_ratio: if passed { 0.0 } else { f64::INFINITY },
             max_abs_err: 0.0,
