@@ -253,7 +253,8 @@ impl LlmSession {
             while next_submit < pos + depth {
                 let s = next_submit;
                 let last = s + group - 1;
-                let whole_unit = from_stream && (s - first_pos) % group == 0 && needed(last);
+                let whole_unit =
+                    from_stream && (s - first_pos).is_multiple_of(group) && needed(last);
                 if whole_unit && last >= pos + depth {
                     break; // wait for a free slot
                 }
