@@ -176,31 +176,16 @@ impl LlmSession {
         let mut decode_program = Program::new();
         decode_program.extend(m.decode_program().dispatches.iter().cloned());
         self.push_select(gpu, &mut decode_program, greedy, k, &opts.sampling)?;
-        // Decode steps are submitted at positions cached.len(), +1, +2, ...; step s fills readback slot
-        // s % slots. Greedy steps go to the GPU `group` to a command buffer (the H200 spent ~60 us per
-        // command buffer), encoded ahead (see encode_ahead): unit i of the stream is steps
-        // first_pos + i * group ..; sampled steps one per buffer.
+        // Decode steps are submitted at positions cached.len(), +1, +2, ...: step i fills readback
+        // slot (first_pos + i) % slots, and its command buffer is encoded ahead (see encode_ahead).
         let first_pos = self.cached.len();
         let slots = self.readback.len();
-        let group = if greedy {
-            STEPS_PER_BUFFER.min(slots)
-        } else {
-            1
-        };
-        let copies: std::sync::Arc<Vec<ResultCopy>> =
-            std::sync::Arc::new((0..slots).map(|s| self.result_copy(s)).collect());
-        let program = std::sync::Arc::new(decode_program);
+        let copies: Vec<ResultCopy> = (0..slots).map(|s| self.result_copy(s)).collect();
         let device = gpu.device.clone();
-        let (p2, c2) = (program.clone(), copies.clone());
         let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
-            let steps: Vec<&ResultCopy> = (0..group)
-                .map(|j| &c2[(first_pos + i * group + j) % slots])
-                .collect();
-            encode_steps(&device, &p2, &steps)
+            encode_step(&device, &decode_program, &copies[(first_pos + i) % slots])
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
-        // Once a whole unit is no longer needed (the end is near), single steps encoded here follow.
-        let mut from_stream = true;
         let mut time = DecodeTime::default();
         let mut next = Some(first);
         // Greedy keeps `slots` steps in flight: a step's input id is the previous step's argmax, already
@@ -248,36 +233,23 @@ impl LlmSession {
             }
             // The step at `pos` (unless already queued) and, greedy, the ones after it, up to the
             // last that could be needed: its token must be under the limit and its row in the context.
-            let needed =
-                |s: usize| s == pos || (s - first_pos + 1 < opts.max_tokens && s < m.max_ctx);
             while next_submit < pos + depth {
                 let s = next_submit;
-                let last = s + group - 1;
-                let whole_unit =
-                    from_stream && (s - first_pos).is_multiple_of(group) && needed(last);
-                if whole_unit && last >= pos + depth {
-                    break; // wait for a free slot
-                }
-                if !whole_unit && !needed(s) {
+                let needed = s == pos || (s - first_pos + 1 < opts.max_tokens && s < m.max_ctx);
+                if !needed {
                     break;
                 }
                 let t = Instant::now();
-                let (cb, n) = if whole_unit {
-                    (ahead.next_buffer()?, group)
-                } else {
-                    from_stream = false;
-                    let cb = encode_steps(&gpu.device, &program, &[&copies[s % slots]]);
-                    (cb, 1)
-                };
+                let cb = ahead.next_buffer()?;
                 let t_cb = Instant::now();
-                // Greedy steps advance the step state on the GPU (the argmax's ADVANCE) after the first.
+                // Greedy steps after the first find the step state moved on by the argmax (ADVANCE).
                 if !greedy || s == first_pos {
                     m.set_step(gpu, s + 1, s)?;
                 }
-                self.submit_buffer(gpu, cb, s..s + n);
+                self.submit_buffer(gpu, cb, s % slots);
                 time.encode_wait_us += (t_cb - t).as_secs_f64() * 1e6;
                 time.submit_us += t_cb.elapsed().as_secs_f64() * 1e6;
-                next_submit += n;
+                next_submit += 1;
             }
             let t = Instant::now();
             next = Some(self.read_token(gpu, pos % slots, greedy, k, &mut sampler)?);
@@ -340,18 +312,12 @@ impl LlmSession {
     }
 
     fn submit_step(&self, gpu: &Gpu, p: &Program, slot: usize) {
-        let cb = encode_steps(&gpu.device, p, &[&self.result_copy(slot)]);
-        self.submit_buffer(gpu, cb, slot..slot + 1);
+        let cb = encode_step(&gpu.device, p, &self.result_copy(slot));
+        self.submit_buffer(gpu, cb, slot);
     }
 
-    /// Submits a command buffer that fills readback slots `slots` (taken modulo the slot count).
-    fn submit_buffer(&self, gpu: &Gpu, cb: wgpu::CommandBuffer, slots: std::ops::Range<usize>) {
-        let index = gpu.queue.submit([cb]);
-        let mut inflight = self.inflight.borrow_mut();
-        let n = inflight.len();
-        for s in slots {
-            inflight[s % n] = Some(index.clone());
-        }
+    fn submit_buffer(&self, gpu: &Gpu, cb: wgpu::CommandBuffer, slot: usize) {
+        self.inflight.borrow_mut()[slot] = Some(gpu.queue.submit([cb]));
     }
 
     /// What a step copies into readback slot `slot`: the id the argmax wrote (greedy) and the candidate
@@ -442,9 +408,6 @@ fn pipeline_depth() -> usize {
         .max(1)
 }
 
-/// Greedy decode steps per command buffer (the GPU's cost per command buffer is paid once per group).
-const STEPS_PER_BUFFER: usize = 2;
-
 /// The copies that end a step: its result into a readback slot.
 struct ResultCopy {
     id: crate::tensor::Storage,
@@ -452,20 +415,17 @@ struct ResultCopy {
     readback: std::sync::Arc<crate::memory::GpuBuffer>,
 }
 
-/// The command buffer of consecutive steps: each the program in one compute pass, then its result
-/// copies (one [`ResultCopy`] per step).
-fn encode_steps(device: &wgpu::Device, p: &Program, copies: &[&ResultCopy]) -> wgpu::CommandBuffer {
+/// One step's command buffer: the program in one compute pass, then the result copies.
+fn encode_step(device: &wgpu::Device, p: &Program, copy: &ResultCopy) -> wgpu::CommandBuffer {
     let mut enc = device.create_command_encoder(&Default::default());
-    for copy in copies {
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            p.encode_into(&mut pass);
-        }
-        let dst = &copy.readback.buffer;
-        let (id, cand) = (&copy.id, &copy.candidates);
-        enc.copy_buffer_to_buffer(&id.buffer.buffer, id.offset, dst, 0, 4);
-        enc.copy_buffer_to_buffer(&cand.buffer.buffer, cand.offset, dst, 8, cand.len);
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        p.encode_into(&mut pass);
     }
+    let dst = &copy.readback.buffer;
+    let (id, cand) = (&copy.id, &copy.candidates);
+    enc.copy_buffer_to_buffer(&id.buffer.buffer, id.offset, dst, 0, 4);
+    enc.copy_buffer_to_buffer(&cand.buffer.buffer, cand.offset, dst, 8, cand.len);
     enc.finish()
 }
 
