@@ -18,7 +18,7 @@
 //
 // Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), WF16 (f16 weight),
 // VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
-// BIAS, NORM, SWIGLU, RES (with their types and bindings) and STAGE, XS, STAGE_TAIL.
+// BIAS, NORM, SWIGLU, RES (with their types and bindings), GLU and STAGE, XS, STAGE_TAIL.
 #if F16
 enable f16;
 #endif
@@ -256,6 +256,14 @@ fn matvec(
         if row >= p.rows {
             break;
         }
+#if GLU
+        let wrow = glu_row(first, rr);
+        partial(wrow, lane, sgs);
+        let s = subgroupAdd(red_pack(hsum(acc.a0), 0u));
+        if lane == 0u {
+            glu_keep(rr, wrow, s);
+        }
+#else
         partial(row, lane, sgs);
         reduce_write(row, lane, 0u, acc.a0);
         if NB > 1u {
@@ -279,13 +287,19 @@ fn matvec(
         if NB > 7u {
             reduce_write(row, lane, 7u, acc.a7);
         }
+#endif
     }
 #else
     let team = lid / TS;
     let lane = lid % TS;
     let row = first + team;
+#if GLU
+    let wrow = glu_row(first, team);
+#else
+    let wrow = row;
+#endif
     if row < p.rows {
-        partial(row, lane, TS);
+        partial(wrow, lane, TS);
     }
     red[lid] = red_pack(hsum(acc.a0), 0u);
     if NB > 1u {
@@ -319,9 +333,16 @@ fn matvec(
         workgroupBarrier();
     }
     if lane == 0u && row < p.rows {
+#if GLU
+        glu_keep(team, wrow, red[lid]);
+#else
         for (var b = 0u; b < NB; b++) {
             write_out(row, b, red[b * WG + lid]);
         }
+#endif
     }
+#endif
+#if GLU
+    glu_finish(first, lid);
 #endif
 }

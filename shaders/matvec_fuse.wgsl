@@ -23,7 +23,8 @@
 //   reductions carry the dot product only); x_in4 / x_in1 then read the staged values. With
 //   STAGE_TAIL K is longer than the staged part and elements from 4 XS on are computed per row as
 //   without STAGE (the host picks XS from the device's workgroup memory, a multiple of XP).
-// Output epilogue, write_out: out[b, row] = dot (* rs with NORM) (+ bias[row]) (+ resid[b, row]).
+// Output epilogue, write_out: out[b, row] = dot (* rs with NORM) (+ bias[row]) (+ resid[b, row]);
+// or GLU (below): pairs of rows multiplied, silu(gate) * up.
 // With RES, resid may be out itself (the residual stream updated in place): each output value is
 // read and written only by the invocation that owns it.
 
@@ -301,8 +302,8 @@ fn red_pack(dot_sum: f32, b: u32) -> Red {
 }
 #endif
 
-// out[b, row0 + row] from the team's reduced sums.
-fn write_out(row: u32, b: u32, r: Red) {
+// The product's value at (row, b) from the team's reduced sums, before the residual.
+fn out_value(row: u32, b: u32, r: Red) -> f32 {
 #if NORM
 #if STAGE
     var v = r * stage_rs;
@@ -315,9 +316,47 @@ fn write_out(row: u32, b: u32, r: Red) {
 #if BIAS
     v += f32(bias[tensor_base(4u) + p.row0 + row]);
 #endif
+    return v;
+}
+
+// out[b, row0 + row] from the team's reduced sums.
+fn write_out(row: u32, b: u32, r: Red) {
+    var v = out_value(row, b, r);
     let o = b * p.ldo + p.row0 + row;
 #if RES
     v += f32(resid[tensor_base(RES_B) + o]);
 #endif
     out[tensor_base(3u) + o] = {{TO}}(v);
 }
+
+#if GLU
+// GLU epilogue (one batch row, one weight shard): w stacks gate rows [0, N) over up rows [N, 2N) and
+// out[j] = silu(gate_j) * up_j, so the down projection reads the activation directly (no SwiGLU
+// prologue to stage). The host kernel's workgroup of RPW rows covers RPW / 2 pairs: its rows
+// rr < RPW / 2 are gate rows j0 + rr, the others the up rows N + j0 + rr - RPW / 2, with
+// j0 = first / 2 (first: the workgroup's first row as the kernel counts them, RPW per workgroup).
+// Each row's value goes through workgroup memory; glu_finish (in uniform control flow, after every
+// row) multiplies the pairs.
+var<workgroup> glu_s: array<f32, RPW>;
+
+// The weight row of the workgroup's row rr.
+fn glu_row(first: u32, rr: u32) -> u32 {
+    let half = RPW / 2u;
+    let j = first / 2u + rr % half;
+    return select(j, p.rows / 2u + j, rr >= half);
+}
+
+fn glu_keep(rr: u32, row: u32, r: Red) {
+    glu_s[rr] = out_value(row, 0u, r);
+}
+
+fn glu_finish(first: u32, lid: u32) {
+    workgroupBarrier();
+    let half = RPW / 2u;
+    if lid < half {
+        let gate = glu_s[lid];
+        let up = glu_s[lid + half];
+        out[tensor_base(3u) + first / 2u + lid] = {{TO}}(gate / (1.0 + exp(-gate)) * up);
+    }
+}
+#endif

@@ -55,6 +55,10 @@ pub struct MatvecOptions<'a> {
     /// Added to the output: `out = residual + x @ w^T (+ bias)`, `residual` shaped like `out` (f32 or
     /// f16). It may be `out` itself (the residual stream updated in place), not a partial overlap.
     pub residual: Option<&'a Tensor>,
+    /// GLU epilogue: `w` stacks gate rows over up rows (`[2N, K]`) and `out[n] = silu(gate_n) * up_n`
+    /// (`out`: `[1, N]`). One activation row, float weights in one shard, N a multiple of 4, not with
+    /// `swiglu` or `residual`.
+    pub glu: bool,
     pub variant: MatvecVariant,
     /// Largest weight shard in bytes (default: the device's storage-binding limit). Tests set it
     /// small to exercise the sharded path.
@@ -127,6 +131,12 @@ pub fn matvec_shards(
         n += t.shape[0];
     }
     let batch = check_io("matvec", x, out, opts, n, k)?;
+    if opts.glu && shards.len() > 1 {
+        return Err(shape_err!(
+            "matvec: the GLU epilogue needs the gate and up rows in one binding ({} shards)",
+            shards.len()
+        ));
+    }
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
     let fusion = Fusion::new(gpu, opts)?;
@@ -216,10 +226,17 @@ pub(crate) fn check_io(
     k: usize,
 ) -> Result<usize> {
     let xk = if opts.swiglu { 2 * k } else { k };
+    let on = if opts.glu { n / 2 } else { n };
     let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
     let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == xk;
     let out_ok =
-        out.rank() == x.rank() && out.dim(-1) == n && (out.rank() == 1 || out.shape[0] == batch);
+        out.rank() == x.rank() && out.dim(-1) == on && (out.rank() == 1 || out.shape[0] == batch);
+    if opts.glu && (batch != 1 || !n.is_multiple_of(8) || opts.swiglu || opts.residual.is_some()) {
+        return Err(shape_err!(
+            "{what}: the GLU epilogue takes one activation row, 2N weight rows with N a multiple of 4, and no SwiGLU prologue or residual (w [{n}, {k}], x {:?})",
+            x.shape
+        ));
+    }
     if !x_ok || !out_ok || batch == 0 || batch > MAX_BATCH {
         return Err(shape_err!(
             "{what}: w [{n}, {k}], x {:?} and out {:?} do not fit (x [B, {xk}], out [B, {n}], 1 <= B <= {MAX_BATCH})",
@@ -302,6 +319,7 @@ impl<'a> Fusion<'a> {
                 ("NORM", u8::from(opts.norm.is_some()).to_string()),
                 ("SWIGLU", u8::from(opts.swiglu).to_string()),
                 ("RES", u8::from(opts.residual.is_some()).to_string()),
+                ("GLU", u8::from(opts.glu).to_string()),
             ],
             tensors: Vec::new(),
             eps: 0.0,
@@ -326,6 +344,9 @@ impl<'a> Fusion<'a> {
         }
         if opts.swiglu {
             f.suffix += "_swiglu";
+        }
+        if opts.glu {
+            f.suffix += "_glu";
         }
         if let Some(r) = opts.residual {
             f.defines

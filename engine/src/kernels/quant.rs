@@ -279,6 +279,11 @@ pub fn matvec_quant_shards_tuned(
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
     let batch = check_io("matvec_quant", x, out, opts, n, k)?;
+    if opts.glu {
+        return Err(shape_err!(
+            "matvec_quant: the GLU epilogue is only on float weights"
+        ));
+    }
     if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
     {
         return Err(shape_err!(

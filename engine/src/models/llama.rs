@@ -11,7 +11,8 @@
 //! Decode (and prefills of at most [`MATVEC_MAX_ROWS`] rows) fuses further into the matrix-vector
 //! kernels, 7 dispatches per layer: the QKV, gate-up and LM-head products normalise the f32 residual
 //! stream on the fly (RMSNorm prologue), the down product applies SwiGLU to the gate-up rows (SwiGLU
-//! prologue), and the O and down products add into the residual stream in place (residual epilogue).
+//! prologue; with float weights at one row the gate-up product's GLU epilogue writes the activation
+//! instead), and the O and down products add into the residual stream in place (residual epilogue).
 //! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
@@ -71,11 +72,12 @@ struct Fuse<'a> {
     norm: Option<(&'a Tensor, f32)>,
     swiglu: bool,
     residual: Option<&'a Tensor>,
+    glu: bool,
 }
 
 impl<'a> Fuse<'a> {
     fn is_some(&self) -> bool {
-        self.norm.is_some() || self.swiglu || self.residual.is_some()
+        self.norm.is_some() || self.swiglu || self.residual.is_some() || self.glu
     }
 
     /// The matvec options of one weight part: its bias and its slice of the residual.
@@ -85,6 +87,7 @@ impl<'a> Fuse<'a> {
             norm: self.norm,
             swiglu: self.swiglu,
             residual,
+            glu: self.glu,
             ..Default::default()
         }
     }
@@ -373,6 +376,15 @@ impl LlamaModel {
                     norm: Some((&lw.ffn_norm, eps)),
                     ..Default::default()
                 };
+                if glu_epilogue(gpu, &lw.gate_up, t) {
+                    // act = silu(gate) * up straight out of the gate-up product (into gu's first
+                    // half), so the down product has no prologue to stage.
+                    let act = a.gu.view(0, &[t, c.intermediate])?;
+                    let glu = Fuse { glu: true, ..norm };
+                    d.extend(self.linear_fused(gpu, &a.x, &lw.gate_up, &act, glu)?);
+                    d.extend(self.linear_fused(gpu, &act, &lw.down, &a.x, residual)?);
+                    continue;
+                }
                 d.extend(self.linear_fused(gpu, &a.x, &lw.gate_up, &a.gu, norm)?);
                 let swiglu = Fuse {
                     swiglu: true,
@@ -512,6 +524,18 @@ impl LlamaModel {
         }
         Ok(())
     }
+}
+
+/// Whether the gate-up product of a `t`-row fused stage ends in the GLU epilogue (float weights in one
+/// part and one binding, one row; `DRIFT_GLU=0` keeps the SwiGLU prologue of the down product, for
+/// A/B timing).
+fn glu_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
+    let on = !matches!(std::env::var("DRIFT_GLU").as_deref(), Ok("0"));
+    on && t == 1
+        && w.is_float()
+        && w.parts.len() == 1
+        && w.n.is_multiple_of(8)
+        && w.parts[0].binding(gpu.caps.max_storage_binding).is_ok()
 }
 
 /// Whether every projection of a `t`-row stage runs as matrix-vector products (what the fused stage

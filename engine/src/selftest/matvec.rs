@@ -36,6 +36,8 @@ pub struct Fuse {
     /// x rows are `[gate | up]` (2K) and the input is `silu(gate) * up`.
     pub swiglu: bool,
     pub residual: Residual,
+    /// GLU epilogue: the weight's rows are gate over up, out = silu(gate) * up (half the rows).
+    pub glu: bool,
 }
 
 const NORM_EPS: f32 = 1e-5;
@@ -58,6 +60,9 @@ impl Fuse {
         }
         if self.swiglu {
             s += " +swiglu";
+        }
+        if self.glu {
+            s += " +glu";
         }
         match self.residual {
             Residual::None => {}
@@ -124,6 +129,7 @@ impl FuseTensors {
         MatvecOptions {
             norm: self.g.as_ref().map(|g| (g, NORM_EPS)),
             swiglu: self.fuse.swiglu,
+            glu: self.fuse.glu,
             residual: match self.fuse.residual {
                 Residual::None => None,
                 Residual::Separate => self.resid.as_ref(),
@@ -184,6 +190,25 @@ impl FuseTensors {
 /// products' magnitude `scale`.
 pub(crate) fn fused_atol(scale: f64) -> f64 {
     5e-7 * scale + 1e-6
+}
+
+/// The GLU of the products of a `[2N]` row (gate over up): silu(gate) * up, and its tolerance from
+/// the products' `atol`: |d(silu(g) u)| <= (|silu'(g)| |u| + |silu(g)|) atol, with |silu'| < 1.1,
+/// plus the exp and division (a few ulp of the result).
+fn glu_reference(products: &[f64], atol: f64) -> (Vec<f64>, f64) {
+    let half = products.len() / 2;
+    let (gate, up) = products.split_at(half);
+    let mut worst = 0.0f64;
+    let out = gate
+        .iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let s = silu(g);
+            worst = worst.max(1.1 * u.abs() + s.abs() + 1.0);
+            s * u
+        })
+        .collect();
+    (out, worst * atol + 1e-6)
 }
 
 /// One matvec check.
@@ -385,6 +410,35 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
                 },
             )
         },
+        // gate-up with the GLU epilogue into the io dtype (the decode MLP of float models): norm
+        // prologue with bias; K of no vector width; and without a prologue.
+        Case {
+            out_dtype: io,
+            bias: true,
+            ..c(
+                1,
+                48,
+                256,
+                DType::F32,
+                Fuse {
+                    glu: true,
+                    ..norm(DType::F32)
+                },
+            )
+        },
+        Case {
+            out_dtype: io,
+            ..c(
+                1,
+                24,
+                130,
+                io,
+                Fuse {
+                    glu: true,
+                    ..Fuse::default()
+                },
+            )
+        },
         // down: SwiGLU of the io gate-up rows, residual in place; batch rows with scalar loads.
         c(1, 37, 256, io, swiglu_res),
         c(3, 9, 130, io, swiglu_res),
@@ -485,7 +539,8 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     )?;
     let x = x_full.view(c.x_offset, &[batch, xk])?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
-    let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
+    let on = if c.fuse.glu { n / 2 } else { n };
+    let o = gpu.tensor("out", &[batch, on], c.out_dtype, Category::Activations)?;
     let fused = FuseTensors::new(gpu, rng, c.fuse, k, &o)?;
     let opts = fused.options(
         &o,
@@ -507,7 +562,11 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     let (want, atol) = if c.fuse.is_some() {
         let (want, scale) =
             fused.reference(&wv[c.w_offset..], &xv[c.x_offset..], bias_v, batch, n, k);
-        (want, fused_atol(scale))
+        if c.fuse.glu {
+            glu_reference(&want, fused_atol(scale))
+        } else {
+            (want, fused_atol(scale))
+        }
     } else {
         let want = r::matvec(&wv[c.w_offset..], &xv[c.x_offset..], bias_v, batch, n, k);
         (want, dot_atol(k))

@@ -254,6 +254,7 @@ fn fused_cases(gpu: &Gpu, dtype: DType, k: usize, sg: MatvecVariant, more: bool)
         g_offset: 0,
         swiglu,
         residual,
+        glu: false,
     };
     let c = |batch, variant, fuse| Case {
         fuse,
