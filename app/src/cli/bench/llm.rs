@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use drift_engine::generate::{DecodeTime, GenerateOptions, LlmSession};
 use drift_engine::kernels::copy::copy;
+use drift_engine::kernels::sample::argmax;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights, QuantScheme};
 use drift_engine::models::load::open_llm;
 use drift_engine::models::shapes::{RandomWeights, ShapedRandom, llm_shape};
@@ -195,7 +196,10 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     m.set_step(gpu, prompt.len() + 1, prompt.len())?;
     let mut step = Program::new();
     step.extend(m.decode_program().dispatches.iter().cloned());
-    step.extend(m.greedy_dispatches().iter().cloned());
+    // The model's greedy selection moves the step state on after each step; repeated here (the floors
+    // below run up to 32 steps in one buffer) it would walk past the cache, so this one stays put.
+    let ids = m.ids.view(0, &[1])?;
+    step.extend(argmax(gpu, &m.logits, &ids, &m.history, &m.step, false)?);
     let profile = step.run_profiled(gpu, &mut Profiler::new())?;
     let decode_gpu_us = profile.busy_us();
     let top = profile
@@ -205,10 +209,8 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         .map(|k| (k.name, k.total_us))
         .collect();
     let cpu_us = step.cpu_us_per_dispatch(gpu, 20) * step.len() as f64;
-    // The greedy step moves the step state on; each batch of the floors starts from the same row.
-    let rewind = || m.set_step(gpu, prompt.len() + 1, prompt.len());
     let (gpu_wall_us, gpu_wall_submits_us, gpu_wall_batched_us, cpu_submit_us) =
-        decode_floors(gpu, &step, &rewind)?;
+        decode_floors(gpu, &step)?;
     let per_token = |us: f64| us / g.tokens.len().max(1) as f64;
     let loop_time = DecodeTime {
         encode_wait_us: per_token(g.decode_time.encode_wait_us),
@@ -262,11 +264,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
 /// command buffer; 32 pre-encoded command buffers, one submit each, then one wait; the same 32 in one
 /// submit), and the CPU
 /// time of encoding + submitting one step. Medians of 5, in microseconds.
-fn decode_floors(
-    gpu: &Gpu,
-    step: &Program,
-    rewind: &dyn Fn() -> drift_engine::Result<()>,
-) -> Result<(f64, f64, f64, f64)> {
+fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64, f64, f64)> {
     const REPS: usize = 32;
     let mut many = Program::new();
     for _ in 0..REPS {
@@ -275,14 +273,12 @@ fn decode_floors(
     let (mut one, mut each, mut batched, mut cpu) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..5 {
-        rewind()?;
         let cb = many.encode(gpu);
         gpu.wait()?;
         let t = Instant::now();
         gpu.queue.submit([cb]);
         gpu.wait()?;
         one.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
-        rewind()?;
         let cbs: Vec<_> = (0..REPS).map(|_| step.encode(gpu)).collect();
         let t = Instant::now();
         for cb in cbs {
@@ -290,13 +286,11 @@ fn decode_floors(
         }
         gpu.wait()?;
         each.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
-        rewind()?;
         let cbs: Vec<_> = (0..REPS).map(|_| step.encode(gpu)).collect();
         let t = Instant::now();
         gpu.queue.submit(cbs);
         gpu.wait()?;
         batched.push(t.elapsed().as_secs_f64() * 1e6 / REPS as f64);
-        rewind()?;
         let t = Instant::now();
         for _ in 0..8 {
             step.submit(gpu);
