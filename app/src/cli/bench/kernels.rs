@@ -13,7 +13,7 @@ use drift_engine::kernels::matvec::{MatvecOptions, matvec};
 use drift_engine::kernels::norm::{GroupNormOptions, groupnorm, rmsnorm};
 use drift_engine::kernels::quant::{QuantTuning, matvec_quant, matvec_quant_tuned};
 use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
-use drift_engine::{Category, DType, Gpu, Layout, Program};
+use drift_engine::{Category, DType, Dispatch, Gpu, Layout, Program};
 
 use super::Measurement;
 use super::timing::measure;
@@ -30,21 +30,21 @@ pub fn run_all(
     let wanted = |name: &str| filter.is_none_or(|f| name.contains(f));
     let act =
         |shape: &[usize], dtype: DType| gpu.tensor("bench", shape, dtype, Category::Activations);
-    let pct = |m: &Measurement| format!("{:.0}% of 4.1 TB/s copy", 100.0 * m.gbps / H200_COPY_GBPS);
+    // A bandwidth-bound case: timed, noted with its share of the copy ceiling.
+    let bandwidth = |name: &str, dispatches: &[Dispatch]| -> Result<Measurement> {
+        let m = measure(gpu, name, dispatches, reps, "")?;
+        let note = format!("{:.0}% of 4.1 TB/s copy", 100.0 * m.gbps / H200_COPY_GBPS);
+        Ok(Measurement { note, ..m })
+    };
 
     // Bandwidth baseline: 256 MiB copy.
     if wanted("copy") {
         let n = (64usize << 20).min(gpu.caps.max_storage_binding as usize / 4);
         let (a, b) = (act(&[n], DType::F32)?, act(&[n], DType::F32)?);
-        let m = measure(
-            gpu,
+        report(bandwidth(
             &format!("copy {} MiB (vec4)", n >> 18),
             &[copy(gpu, &a, &b)?],
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     if wanted("add") {
         let n = 16 << 20;
@@ -53,28 +53,18 @@ pub fn run_all(
             act(&[n], DType::F16)?,
             act(&[n], DType::F16)?,
         );
-        let m = measure(
-            gpu,
+        report(bandwidth(
             "add f16 16M",
             &[binary(gpu, BinaryOp::Add, &a, &b, &o)?],
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     if wanted("silu") {
         let n = 16 << 20;
         let (a, o) = (act(&[n], DType::F16)?, act(&[n], DType::F16)?);
-        let m = measure(
-            gpu,
+        report(bandwidth(
             "silu f16 16M",
             &[unary(gpu, UnaryOp::Silu, &a, &o)?],
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     // Decode: f16 matrix-vector at LLM sizes, against copy bandwidth.
     for (n, k) in [
@@ -89,15 +79,10 @@ pub fn run_all(
         }
         let w = gpu.tensor("w", &[n, k], DType::F16, Category::Weights)?;
         let (x, o) = (act(&[1, k], DType::F32)?, act(&[1, n], DType::F32)?);
-        let m = measure(
-            gpu,
+        report(bandwidth(
             &name,
             &matvec(gpu, &w, &x, &o, &MatvecOptions::default())?,
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     // Decode with quantized weights (blocks dequantized in registers): bytes are the blocks read.
     for (dtype, n, k) in [
@@ -119,18 +104,13 @@ pub fn run_all(
         // x and out in the decode path's dtype (f16 where the device has it).
         let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
         let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-        let m = measure(
-            gpu,
+        report(bandwidth(
             &name,
             &matvec_quant(gpu, &w, &x, &o, &MatvecOptions::default())?,
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
-    // Tuning sweep of the quantized matvec (only when the filter asks for "sweep").
-    if filter.is_some_and(|f| f.contains("sweep")) {
+    // Tuning sweep of the quantized matvec (only when the filter asks for "sweep", not "dp4asweep").
+    if filter.is_some_and(|f| f.replace("dp4asweep", "").contains("sweep")) {
         for dtype in [DType::Q4_0, DType::Q8_0] {
             let (n, k) = (14336usize, 4096usize);
             let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
@@ -155,15 +135,10 @@ pub fn run_all(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
                         u8::from(trusted)
                     );
-                    let m = measure(
-                        gpu,
+                    report(bandwidth(
                         &name,
                         &matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), tuning)?,
-                        reps,
-                        "",
-                    )?;
-                    let note = pct(&m);
-                    report(Measurement { note, ..m });
+                    )?);
                 }
             }
         }
@@ -195,15 +170,10 @@ pub fn run_all(
                     ..QuantTuning::default()
                 };
                 let name = format!("dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u}");
-                let m = measure(
-                    gpu,
+                report(bandwidth(
                     &name,
                     &matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), tuning)?,
-                    reps,
-                    "",
-                )?;
-                let note = pct(&m);
-                report(Measurement { note, ..m });
+                )?);
             }
         }
     }
@@ -361,15 +331,10 @@ pub fn run_all(
     if wanted("rmsnorm") {
         let (x, o) = (act(&[512, 4096], DType::F32)?, act(&[512, 4096], dt)?);
         let g = act(&[4096], DType::F32)?;
-        let m = measure(
-            gpu,
+        report(bandwidth(
             "rmsnorm 512x4096",
             &[rmsnorm(gpu, &x, &g, &o, 1e-5, RowVariant::Auto)?],
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     if wanted("softmax") {
         let (x, o) = (
@@ -380,15 +345,10 @@ pub fn run_all(
             causal: Some((512, 0)),
             ..Default::default()
         };
-        let m = measure(
-            gpu,
+        report(bandwidth(
             "softmax causal 8x512x512",
             &[softmax(gpu, &x, &o, &opts)?],
-            reps,
-            "",
-        )?;
-        let note = pct(&m);
-        report(Measurement { note, ..m });
+        )?);
     }
     if wanted("dispatch") {
         report(dispatch_overhead(gpu)?);
