@@ -180,6 +180,21 @@ fn matvec_fusion_options_are_checked() {
     .unwrap();
 }
 
+/// The fused prologue / epilogue defines both compile tests share (norm weight of type `tg`, bias f16,
+/// residual f32, bindings 5 and 6).
+fn fusion_defines(norm: &str, swiglu: &str, tg: &str) -> [(&'static str, String); 8] {
+    [
+        ("TB", "f16".to_string()),
+        ("TG", tg.into()),
+        ("TR", "f32".into()),
+        ("NORM_B", "5".into()),
+        ("RES_B", "6".into()),
+        ("NORM", norm.into()),
+        ("SWIGLU", swiglu.into()),
+        ("F16", "1".into()),
+    ]
+}
+
 /// Every specialisation of the matrix-vector kernels with their fused prologues / epilogues (f16 paths,
 /// subgroup sizes and combinations lavapipe's checks do not reach) parses, validates and writes SPIR-V.
 #[test]
@@ -191,16 +206,7 @@ fn matvec_specialisations_compile() {
     // The prologue: none, RMSNorm or SwiGLU (exclusive).
     let prologues = [("0", "0"), ("1", "0"), ("0", "1")];
     let fixed = |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str| {
-        d.extend([
-            ("TB", "f16".to_string()),
-            ("TG", "f32".into()),
-            ("TR", "f32".into()),
-            ("NORM_B", "5".into()),
-            ("RES_B", "6".into()),
-            ("NORM", norm.into()),
-            ("SWIGLU", swiglu.into()),
-            ("F16", "1".into()),
-        ]);
+        d.extend(fusion_defines(norm, swiglu, "f32"));
     };
     for (tx, to) in [
         ("f32", "f32"),
@@ -259,16 +265,9 @@ fn matvec_staged_specialisations_compile() {
     let quant_src = drift_engine::kernels::quant::MATVEC_SRC;
     let fixed =
         |d: &mut Vec<(&'static str, String)>, norm: &str, swiglu: &str, xs: &str, xp: &str| {
+            d.extend(fusion_defines(norm, swiglu, "f16"));
             d.extend([
-                ("TB", "f16".to_string()),
-                ("TG", "f16".into()),
-                ("TR", "f32".into()),
-                ("NORM_B", "5".into()),
-                ("RES_B", "6".into()),
-                ("NORM", norm.into()),
-                ("SWIGLU", swiglu.into()),
-                ("F16", "1".into()),
-                ("NB", "1".into()),
+                ("NB", "1".to_string()),
                 ("STAGE", "1".into()),
                 ("XS", xs.into()),
                 ("XP", xp.into()),
