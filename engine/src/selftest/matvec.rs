@@ -43,6 +43,24 @@ pub struct Fuse {
 const NORM_EPS: f32 = 1e-5;
 
 impl Fuse {
+    /// RMSNorm of the input with a norm weight of dtype `g`.
+    pub fn norm(g: DType) -> Fuse {
+        Fuse {
+            norm: Some(g),
+            ..Fuse::default()
+        }
+    }
+
+    /// SwiGLU of `[gate | up]` input rows, the output added into the residual stream in place (the
+    /// decoder's down product).
+    pub fn swiglu_in_place() -> Fuse {
+        Fuse {
+            swiglu: true,
+            residual: Residual::InPlace,
+            ..Fuse::default()
+        }
+    }
+
     pub fn is_some(&self) -> bool {
         *self != Fuse::default()
     }
@@ -361,19 +379,12 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         max_stage_bytes: None,
         fuse,
     };
-    let norm = |gd| Fuse {
-        norm: Some(gd),
-        ..Fuse::default()
-    };
+    let norm = Fuse::norm;
     let in_place = Fuse {
         residual: Residual::InPlace,
         ..Fuse::default()
     };
-    let swiglu_res = Fuse {
-        swiglu: true,
-        residual: Residual::InPlace,
-        ..Fuse::default()
-    };
+    let swiglu_res = Fuse::swiglu_in_place();
     vec![
         // QKV: norm into an f32 output.
         c(1, 37, 256, DType::F32, norm(DType::F32)),
@@ -479,15 +490,8 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         max_stage_bytes,
         fuse,
     };
-    let norm = Fuse {
-        norm: Some(DType::F32),
-        ..Fuse::default()
-    };
-    let swiglu = Fuse {
-        swiglu: true,
-        residual: Residual::InPlace,
-        ..Fuse::default()
-    };
+    let norm = Fuse::norm(DType::F32);
+    let swiglu = Fuse::swiglu_in_place();
     // A K the device cannot stage whole (and a multiple of 8: f16 weights keep their vector loads).
     let past = past_stage_limit(gpu) + 40;
     vec![

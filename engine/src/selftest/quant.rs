@@ -307,15 +307,8 @@ fn staged_cases(gpu: &Gpu, dtype: DType, sg: MatvecVariant) -> Vec<Case> {
     let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     let be = dtype.block_elems();
     let past = (super::matvec::past_stage_limit(gpu) + 1).next_multiple_of(be);
-    let norm = Fuse {
-        norm: Some(DType::F32),
-        ..Fuse::default()
-    };
-    let swiglu = Fuse {
-        swiglu: true,
-        residual: Residual::InPlace,
-        ..Fuse::default()
-    };
+    let norm = Fuse::norm(DType::F32);
+    let swiglu = Fuse::swiglu_in_place();
     let c = |k, variant, x_dtype, fuse, max_stage_bytes| Case {
         x_dtype,
         fuse,
