@@ -84,7 +84,8 @@ pub struct QuantTuning {
     pub rows_per_team: u32,
     /// 32-element chunks per row a lane loads (as raw words) before decoding any: 1, 2 or 4, or 0 for
     /// the default (4 for the 32-element block types, 2 for the K-quants, whose chunks take 14 to 23
-    /// words of registers; 1 on CPU devices).
+    /// words of registers; 1 on CPU devices). The integer-dot-product kernel takes 1 or 2 (more count
+    /// as 2) and defaults to 1 (see [`quant_dp4a::blocks_in_flight`]).
     pub chunks_per_step: u32,
     /// Compile without runtime bounds checks ([`KernelSpec::trusted`]): every index the kernels form
     /// is in range for the shapes the builders validate (the decoders never read past a field's last
@@ -93,8 +94,8 @@ pub struct QuantTuning {
     /// Use the integer-dot-product kernel where it applies ([`crate::kernels::quant_dp4a`]: Q4_0,
     /// Q4_1, Q8_0, one activation row). On by default; `DRIFT_DP4A=0` turns the default off (A/B runs).
     pub dp4a: bool,
-    /// Integer-dot-product kernel: row groups per workgroup; 0 = automatic, which also picks its rows
-    /// per team (see [`quant_dp4a::team_shape`]).
+    /// Integer-dot-product kernel: row groups per workgroup (0 = automatic, see
+    /// [`quant_dp4a::row_groups`]).
     pub row_groups: u32,
 }
 
@@ -309,13 +310,13 @@ pub fn matvec_quant_shards_tuned(
         TEAMS as u32 * 32
     };
     let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
-    // Rows per team and row groups per workgroup (the float kernel has one group).
-    let (r, rg) = if dp4a {
-        quant_dp4a::team_shape(tuning.rows_per_team, tuning.row_groups)
+    // Row groups per workgroup (the float kernel has one).
+    let rg = if dp4a {
+        quant_dp4a::row_groups(tuning.row_groups)
     } else {
-        (tuning.rows_per_team, 1)
+        1
     };
-    let r = r as usize;
+    let r = tuning.rows_per_team as usize;
     // The workgroup-memory reduction's tree (f32 per invocation and row when staged: one batch row).
     let tree_bytes = if sg { 0 } else { wg * 4 * r as u32 };
     // Lanes read x in chunks of 32 elements: 8 vec4s.

@@ -45,18 +45,14 @@ pub const SOURCE: &str = concat!(
     crate::shader!("matvec_fuse.wgsl"),
 );
 
-/// Rows per team and row groups per workgroup: as requested, or for `row_groups` = 0 (automatic) 2
-/// rows per team and two groups. The workgroup's pre-pass (x read, transformed and rounded once) is
-/// shared by 8 teams x R rows x groups. On the H200 (BENCHMARKS.md 2026-11-30) 4 x 1 with two blocks
-/// in flight was faster alone (`--filter dp4asweep`: Q4_0 14336x4096 24.9 -> 21.8 us, 4096x14336
-/// 27.1 -> 22.5) but slower in the fused model (`drift bench llm --shape llama-3.1-8b --quant q4_0`:
-/// 244 -> 230 tok/s), so 2 x 2 stays.
-pub(crate) fn team_shape(rows_per_team: u32, row_groups: u32) -> (u32, u32) {
-    if row_groups == 0 {
-        (2, 2)
-    } else {
-        (rows_per_team, row_groups)
-    }
+/// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
+/// transformed and rounded once) is shared by 8 teams x R rows x this many. 2 measured best on the H200
+/// in the fused 8B model (BENCHMARKS.md 2026-11-30): the kernel sweep (`--filter dp4asweep`) found
+/// 4 rows x 1 group with two blocks in flight faster alone (Q4_0 14336x4096 24.9 -> 21.8 us,
+/// 4096x14336 27.1 -> 22.5) but `drift bench llm --shape llama-3.1-8b --quant q4_0` slower with it
+/// (244 -> 230 tok/s).
+pub(crate) fn row_groups(requested: u32) -> u32 {
+    if requested == 0 { 2 } else { requested }
 }
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
