@@ -403,9 +403,7 @@ impl Stage {
         other_bytes: u32,
         planes: u32,
     ) -> Stage {
-        // DRIFT_MATVEC_STAGE=0 turns staging off (A/B timing of the two prologue forms).
-        let off = std::env::var("DRIFT_MATVEC_STAGE").is_ok_and(|v| v == "0");
-        if off || batch != 1 || (opts.norm.is_none() && !opts.swiglu) {
+        if batch != 1 || (opts.norm.is_none() && !opts.swiglu) {
             return Stage::OFF;
         }
         // With the norm, one f32 partial sum of squares per invocation (or subgroup).
