@@ -1,9 +1,9 @@
 //! Text generation on a loaded LLM: prefill, then decode steps until EOS, a stop string, the token
-//! limit or a cancel. Greedy decoding stays on the GPU (argmax writes the next input id) and is
-//! pipelined several steps deep so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
-//! reads back a short candidate list per token. Decode steps' command buffers are encoded ahead on
-//! worker threads ([`crate::encode_ahead`]), so the submitting thread only writes the step state and
-//! submits.
+//! limit or a cancel. Greedy decoding stays on the GPU (the argmax writes the next input id and moves
+//! the step state on) and keeps several steps in flight so CPU work (readback, detokenising,
+//! streaming) overlaps the GPU; sampling reads back a short candidate list per token. Decode steps'
+//! command buffers are encoded ahead on worker threads ([`crate::encode_ahead`]), so the submitting
+//! thread only submits them (writing the step state for the first greedy step and every sampled one).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -96,6 +96,7 @@ impl LlmSession {
                 Category::Staging,
             )
         };
+        let depth = pipeline_depth();
         Ok(LlmSession {
             cand: gpu.tensor(
                 "candidates",
@@ -103,8 +104,8 @@ impl LlmSession {
                 DType::U32,
                 Category::Activations,
             )?,
-            readback: (0..pipeline_depth()).map(|_| rb()).collect::<Result<_>>()?,
-            inflight: std::cell::RefCell::new(vec![None; pipeline_depth()]),
+            readback: (0..depth).map(|_| rb()).collect::<Result<_>>()?,
+            inflight: std::cell::RefCell::new(vec![None; depth]),
             model,
             tokenizer,
             template,
