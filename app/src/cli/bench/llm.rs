@@ -164,8 +164,8 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
         stop: vec![],
     };
     let cancel = AtomicBool::new(false);
-    // Warm-up of half a second: an idle GPU's clocks take that long to ramp (the H200 decoded at half
-    // speed for the first ~0.3 s after idling), and the benchmark reports the steady state.
+    // Half a second of warm-up (pipelines, allocations, GPU clocks). On the H200 the first timed
+    // generation of a process was still often slow after it, hence the median of three below.
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < 0.5 {
         s.reset();
@@ -180,8 +180,8 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
             &mut |_| {},
         )?;
     }
-    // Three timed generations, the median reported: on the H200 single runs varied by up to 1.8x
-    // between processes (the GPU slower in the loop than in the floors measured right after).
+    // Three timed generations, the median reported: on the H200 the first often ran 30-50% slower
+    // than the rest (the GPU slower in the loop than in the floors measured right after).
     let mut runs = Vec::new();
     for _ in 0..3 {
         s.reset();
