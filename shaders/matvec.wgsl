@@ -18,7 +18,8 @@
 //
 // Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), WF16 (f16 weight),
 // VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
-// BIAS, NORM, SWIGLU, RES (with their types and bindings), GLU and STAGE, XS, STAGE_TAIL.
+// BIAS, NORM, SWIGLU, RES (with their types and bindings), the paired-row epilogues (PAIRS with GLU or
+// ROPE) and STAGE, XS, STAGE_TAIL.
 #if F16
 enable f16;
 #endif
@@ -27,6 +28,7 @@ struct Params {
     offs: array<vec4<u32>, 2>, // base element offsets of bindings 1..8 (tensor_base)
     rows: u32, k: u32, ldo: u32, row0: u32,
     eps: f32,                  // NORM
+    hq: u32, hkv: u32, hd: u32, rot: u32, max_ctx: u32, // ROPE
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -256,12 +258,12 @@ fn matvec(
         if row >= p.rows {
             break;
         }
-#if GLU
-        let wrow = glu_row(first, rr);
+#if PAIRS
+        let wrow = pair_row(first, rr);
         partial(wrow, lane, sgs);
         let s = subgroupAdd(red_pack(hsum(acc.a0), 0u));
         if lane == 0u {
-            glu_keep(rr, wrow, s);
+            pair_keep(rr, wrow, s);
         }
 #else
         partial(row, lane, sgs);
@@ -293,8 +295,8 @@ fn matvec(
     let team = lid / TS;
     let lane = lid % TS;
     let row = first + team;
-#if GLU
-    let wrow = glu_row(first, team);
+#if PAIRS
+    let wrow = pair_row(first, team);
 #else
     let wrow = row;
 #endif
@@ -333,8 +335,8 @@ fn matvec(
         workgroupBarrier();
     }
     if lane == 0u && row < p.rows {
-#if GLU
-        glu_keep(team, wrow, red[lid]);
+#if PAIRS
+        pair_keep(team, wrow, red[lid]);
 #else
         for (var b = 0u; b < NB; b++) {
             write_out(row, b, red[b * WG + lid]);
@@ -342,7 +344,7 @@ fn matvec(
 #endif
     }
 #endif
-#if GLU
-    glu_finish(first, lid);
+#if PAIRS
+    pair_finish(first, lid);
 #endif
 }

@@ -7,7 +7,8 @@
 // binding 3 `out` (TO), `NB` (batch rows), and with STAGE `WG` (workgroup size) and `SG` (subgroup
 // builtins passed to stage_x). The optional tensors follow out in this order, each bound only when its
 // define is on: BIAS (`bias`, TB, binding 4), NORM (`norm_w`, TG, binding NORM_B, vec4 elements with
-// GV4), RES (`resid`, TR, binding RES_B).
+// GV4), RES (`resid`, TR, binding RES_B), ROPE (`k_cache`, `v_cache` of TC, `step`, `turns` at KC_B,
+// VC_B, STEP_B, TURNS_B; `p` then also has hq, hkv, hd, rot, max_ctx).
 //
 // Input prologue, x_in4 / x_in1 (the matvec's input at elements e.. of batch row b):
 //   plain   x[b, e]
@@ -24,7 +25,9 @@
 //   STAGE_TAIL K is longer than the staged part and elements from 4 XS on are computed per row as
 //   without STAGE (the host picks XS from the device's workgroup memory, a multiple of XP).
 // Output epilogue, write_out: out[b, row] = dot (* rs with NORM) (+ bias[row]) (+ resid[b, row]);
-// or GLU (below): pairs of rows multiplied, silu(gate) * up.
+// or a paired-row epilogue (below), where each workgroup's rows pair up and pair_finish stores what
+// the pairs make: GLU, silu(gate) * up; ROPE, q and k rotated, q / k / v stored in the attention
+// layouts.
 // With RES, resid may be out itself (the residual stream updated in place): each output value is
 // read and written only by the invocation that owns it.
 
@@ -335,28 +338,111 @@ fn write_out(row: u32, b: u32, r: Red) {
 // prologue to stage). The host kernel's workgroup of RPW rows covers RPW / 2 pairs: its rows
 // rr < RPW / 2 are gate rows j0 + rr, the others the up rows N + j0 + rr - RPW / 2, with
 // j0 = first / 2 (first: the workgroup's first row as the kernel counts them, RPW per workgroup).
-// Each row's value goes through workgroup memory; glu_finish (in uniform control flow, after every
+// Each row's value goes through workgroup memory; pair_finish (in uniform control flow, after every
 // row) multiplies the pairs.
-var<workgroup> glu_s: array<f32, RPW>;
+var<workgroup> pair_s: array<f32, RPW>;
 
 // The weight row of the workgroup's row rr.
-fn glu_row(first: u32, rr: u32) -> u32 {
+fn pair_row(first: u32, rr: u32) -> u32 {
     let half = RPW / 2u;
     let j = first / 2u + rr % half;
     return select(j, p.rows / 2u + j, rr >= half);
 }
 
-fn glu_keep(rr: u32, row: u32, r: Red) {
-    glu_s[rr] = out_value(row, 0u, r);
+fn pair_keep(rr: u32, row: u32, r: Red) {
+    pair_s[rr] = out_value(row, 0u, r);
 }
 
-fn glu_finish(first: u32, lid: u32) {
+fn pair_finish(first: u32, lid: u32) {
     workgroupBarrier();
     let half = RPW / 2u;
     if lid < half {
-        let gate = glu_s[lid];
-        let up = glu_s[lid + half];
+        let gate = pair_s[lid];
+        let up = pair_s[lid + half];
         out[tensor_base(3u) + first / 2u + lid] = {{TO}}(gate / (1.0 + exp(-gate)) * up);
+    }
+}
+#endif
+
+#if ROPE
+// RoPE epilogue (one batch row, one weight shard): w is the stacked QKV projection, rows
+// [(hq + 2 hkv) hd] (q heads, k heads, v heads), and instead of the product the kernel writes what
+// qkv_rope.wgsl would make of it: q rotated into out ([hq, hd]), k rotated and v copied into this
+// step's rows of the KV cache ([max_ctx, hkv, hd] each; the token's position is step[1]). Rotary pairs
+// are counted head by head, hd / 2 per head: pair i < rot / 2 is dims (2i, 2i + 1) with INTERLEAVED,
+// else (i, i + rot / 2); pairs past rot / 2 are the pass-through dims two at a time. A workgroup of
+// RPW rows covers RPW / 2 pairs, first / 2 onwards: its rows rr < RPW / 2 are the pairs' first dims,
+// the others their second. Each row's value goes through workgroup memory; pair_finish (in uniform
+// control flow, after every row) rotates the pairs and stores them. Angles: rope_angle.wgsl
+// (appended), frequencies as (hi, lo) turns per position in `turns`.
+@group(0) @binding({{KC_B}}) var<storage, read_write> k_cache: array<{{TC}}>;
+@group(0) @binding({{VC_B}}) var<storage, read_write> v_cache: array<{{TC}}>;
+@group(0) @binding({{STEP_B}}) var<storage, read> step: array<u32>;
+@group(0) @binding({{TURNS_B}}) var<storage, read> turns: array<vec2<f32>>;
+const KC_B = {{KC_B}}u;
+const VC_B = {{VC_B}}u;
+const STEP_B = {{STEP_B}}u;
+const TURNS_B = {{TURNS_B}}u;
+var<workgroup> pair_s: array<f32, RPW>;
+
+// Dims (within a head) of rotary pair i.
+fn rope_dims(i: u32) -> vec2<u32> {
+    let half_rot = p.rot / 2u;
+    if i >= half_rot {
+        let j = p.rot + 2u * (i - half_rot);
+        return vec2<u32>(j, j + 1u);
+    }
+#if INTERLEAVED
+    return vec2<u32>(2u * i, 2u * i + 1u);
+#else
+    return vec2<u32>(i, i + half_rot);
+#endif
+}
+
+// The weight row of the workgroup's row rr.
+fn pair_row(first: u32, rr: u32) -> u32 {
+    let half = RPW / 2u;
+    let pr = first / 2u + rr % half;
+    let e = rope_dims(pr % (p.hd / 2u));
+    return (pr / (p.hd / 2u)) * p.hd + select(e.x, e.y, rr >= half);
+}
+
+fn pair_keep(rr: u32, row: u32, r: Red) {
+    pair_s[rr] = out_value(row, 0u, r);
+}
+
+fn pair_finish(first: u32, lid: u32) {
+    workgroupBarrier();
+    let half = RPW / 2u;
+    let pr = first / 2u + lid;
+    let h = pr / (p.hd / 2u);
+    let i = pr % (p.hd / 2u);
+    let pos = step[tensor_base(STEP_B) + 1u];
+    // The host checks lengths; never write outside the cache.
+    if lid >= half || h >= p.hq + 2u * p.hkv || pos >= p.max_ctx {
+        return;
+    }
+    let e = rope_dims(i);
+    var a = pair_s[lid];
+    var b = pair_s[lid + half];
+    if h < p.hq + p.hkv && i < p.rot / 2u {
+        let cs = cos_sin_at(pos, turns[tensor_base(TURNS_B) / 2u + i]);
+        let ra = a * cs.x - b * cs.y;
+        b = a * cs.y + b * cs.x;
+        a = ra;
+    }
+    if h < p.hq {
+        let dst = tensor_base(3u) + h * p.hd;
+        out[dst + e.x] = {{TO}}(a);
+        out[dst + e.y] = {{TO}}(b);
+    } else if h < p.hq + p.hkv {
+        let dst = tensor_base(KC_B) + (pos * p.hkv + h - p.hq) * p.hd;
+        k_cache[dst + e.x] = {{TC}}(a);
+        k_cache[dst + e.y] = {{TC}}(b);
+    } else {
+        let dst = tensor_base(VC_B) + (pos * p.hkv + h - p.hq - p.hkv) * p.hd;
+        v_cache[dst + e.x] = {{TC}}(a);
+        v_cache[dst + e.y] = {{TC}}(b);
     }
 }
 #endif

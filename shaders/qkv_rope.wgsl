@@ -3,12 +3,13 @@
 // k rotated and v copied into the KV cache rows of this step. Token t sits at position step[1] + t.
 // Specialisation: TQ (qkv element type), TO (q_out), TC (cache), F16, INTERLEAVED (pairs (2i, 2i+1) as
 // GGUF llama weights expect; else pairs (i, i + rot/2) as Hugging Face checkpoints expect).
+// Angles come from rope_angle.wgsl (appended): each pair's frequency in turns per position, (hi, lo).
 #if F16
 enable f16;
 #endif
 
 struct Params {
-    off_qkv: u32, off_q: u32, off_k: u32, off_v: u32, off_step: u32, off_freq: u32, o6: u32, o7: u32,
+    off_qkv: u32, off_q: u32, off_k: u32, off_v: u32, off_step: u32, off_tab: u32, o6: u32, o7: u32,
     tokens: u32, hq: u32, hkv: u32, d: u32,
     rot: u32,       // rotary dims (<= d, even); dims past it pass through
     max_ctx: u32,   // rows in the cache
@@ -21,7 +22,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> k_cache: array<{{TC}}>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<{{TC}}>;
 @group(0) @binding(5) var<storage, read> step: array<u32>;
-@group(0) @binding(6) var<storage, read> inv_freq: array<f32>; // [rot/2], frequency scaling folded in
+@group(0) @binding(6) var<storage, read> tab: array<vec2<f32>>; // [rot/2] turns, scaling folded in
 
 // Element indices of the two members of rotary pair i within a head.
 fn pair(i: u32) -> vec2<u32> {
@@ -56,9 +57,9 @@ fn qkv_rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     var s = 0.0;
     if i < p.rot / 2u {
         e = pair(i);
-        let angle = f32(pos) * inv_freq[p.off_freq + i];
-        c = cos(angle);
-        s = sin(angle);
+        let cs = cos_sin_at(pos, tab[p.off_tab / 2u + i]);
+        c = cs.x;
+        s = cs.y;
     }
     if h >= p.hq + p.hkv {
         // v: plain copy into the cache.

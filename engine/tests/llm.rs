@@ -384,8 +384,9 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The fused decode step (norms, SwiGLU and residual adds inside the matrix-vector products) gives the
-/// unfused step's logits, with 3 dispatches fewer per layer (and no first norm).
+/// The fused decode step (norms, SwiGLU and residual adds inside the matrix-vector products, the QKV
+/// split and RoPE in the QKV product's epilogue) gives the unfused step's logits, with 4 dispatches
+/// fewer per layer (and no first norm).
 #[test]
 fn fused_decode_matches_unfused() {
     for gpu in [gpu_f32(), gpu()] {
@@ -407,16 +408,20 @@ fn fused_decode_matches_unfused() {
             (gpu.read_f32(&m.logits).unwrap(), m.decode_program().len())
         };
         let (fused, n_fused) = step(&mut m, true);
-        // Float weights: the gate-up product ends in the GLU epilogue, once per layer.
-        let glu = m
-            .decode_program()
-            .dispatches
-            .iter()
-            .filter(|d| d.name.contains("_glu"))
-            .count();
-        assert_eq!(glu, m.cfg.n_layers, "GLU epilogues");
+        // Float weights: the gate-up product ends in the GLU epilogue and the QKV product in the RoPE
+        // epilogue, once per layer each.
+        let count = |m: &LlamaModel, what: &str| {
+            m.decode_program()
+                .dispatches
+                .iter()
+                .filter(|d| d.name.contains(what))
+                .count()
+        };
+        assert_eq!(count(&m, "_glu"), m.cfg.n_layers, "GLU epilogues");
+        assert_eq!(count(&m, "_rope"), m.cfg.n_layers, "RoPE epilogues");
+        assert_eq!(count(&m, "qkv_rope"), 0, "split dispatches");
         let (unfused, n_unfused) = step(&mut m, false);
-        assert_eq!(n_unfused - n_fused, 3 * m.cfg.n_layers + 1, "dispatches");
+        assert_eq!(n_unfused - n_fused, 4 * m.cfg.n_layers + 1, "dispatches");
         // f32: only rounding differs (the product of the normed input vs the normed product), ~1e-6
         // relative. f16: the unfused step rounds the normed input and the gate-up output to f16, the
         // fused one keeps them in f32 (rounding only the GLU's output): ~1e-3 relative per value.

@@ -15,6 +15,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
+use crate::kernels::qkv_rope::{QkvTargets, RopePairs};
 use crate::kernels::softmax::partial_overlap;
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::{DType, Layout, RowShard, Tensor};
@@ -22,7 +23,11 @@ use crate::{shader, shape_err};
 
 /// The float-weight kernel with the shared fused prologues / epilogues appended, as the builder
 /// composes it.
-pub const MATVEC_SRC: &str = concat!(shader!("matvec.wgsl"), shader!("matvec_fuse.wgsl"));
+pub const MATVEC_SRC: &str = concat!(
+    shader!("matvec.wgsl"),
+    shader!("matvec_fuse.wgsl"),
+    shader!("rope_angle.wgsl")
+);
 
 /// Most activation rows one dispatch multiplies.
 pub const MAX_BATCH: usize = 8;
@@ -59,6 +64,12 @@ pub struct MatvecOptions<'a> {
     /// (`out`: `[1, N]`). One activation row, float weights in one shard, N a multiple of 4, not with
     /// `swiglu` or `residual`.
     pub glu: bool,
+    /// RoPE epilogue: `w` is a stacked QKV projection (`[(hq + 2 hkv) d, K]`) and instead of its
+    /// product the kernel stores what [`crate::kernels::qkv_rope::qkv_rope`] makes of it: q rotated
+    /// into `out` (`[hq, d]` elements), k rotated and v into the caches' rows at the step's position.
+    /// One activation row, float weights in one shard, rows a multiple of 8, no bias, SwiGLU, GLU or
+    /// residual.
+    pub rope: Option<QkvTargets<'a>>,
     pub variant: MatvecVariant,
     /// Largest weight shard in bytes (default: the device's storage-binding limit). Tests set it
     /// small to exercise the sharded path.
@@ -131,15 +142,15 @@ pub fn matvec_shards(
         n += t.shape[0];
     }
     let batch = check_io("matvec", x, out, opts, n, k)?;
-    if opts.glu && shards.len() > 1 {
+    if (opts.glu || opts.rope.is_some()) && shards.len() > 1 {
         return Err(shape_err!(
-            "matvec: the GLU epilogue needs the gate and up rows in one binding ({} shards)",
+            "matvec: the GLU and RoPE epilogues need all rows in one binding ({} shards)",
             shards.len()
         ));
     }
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
-    let fusion = Fusion::new(gpu, opts)?;
+    let fusion = Fusion::new(gpu, opts, out)?;
     // Eight rows per workgroup: eight subgroups where the size allows, else fewer subgroups looping.
     let wg = if sg {
         (ROWS_PER_WORKGROUP as u32 * caps.subgroup_max_size)
@@ -199,6 +210,11 @@ pub fn matvec_shards(
             n as u32,
             sh.row_start as u32,
             fusion.eps.to_bits(),
+            fusion.rope_params[0],
+            fusion.rope_params[1],
+            fusion.rope_params[2],
+            fusion.rope_params[3],
+            fusion.rope_params[4],
         ];
         let mut tensors = vec![w, x, out];
         tensors.extend(&fusion.tensors);
@@ -229,8 +245,25 @@ pub(crate) fn check_io(
     let on = if opts.glu { n / 2 } else { n };
     let batch = if x.rank() == 1 { 1 } else { x.shape[0] };
     let x_ok = (x.rank() == 1 || x.rank() == 2) && x.dim(-1) == xk;
-    let out_ok =
+    let mut out_ok =
         out.rank() == x.rank() && out.dim(-1) == on && (out.rank() == 1 || out.shape[0] == batch);
+    if let Some(to) = &opts.rope {
+        // out is q [hq, d] (any leading shape); the targets check it.
+        to.check(what, n, out)?;
+        out_ok = true;
+        if batch != 1
+            || !n.is_multiple_of(8)
+            || opts.bias.is_some()
+            || opts.swiglu
+            || opts.glu
+            || opts.residual.is_some()
+        {
+            return Err(shape_err!(
+                "{what}: the RoPE epilogue takes one activation row, a multiple of 8 weight rows and no bias, SwiGLU, GLU or residual (w [{n}, {k}], x {:?})",
+                x.shape
+            ));
+        }
+    }
     if opts.glu && (batch != 1 || !n.is_multiple_of(8) || opts.swiglu || opts.residual.is_some()) {
         return Err(shape_err!(
             "{what}: the GLU epilogue takes one activation row, 2N weight rows with N a multiple of 4, and no SwiGLU prologue or residual (w [{n}, {k}], x {:?})",
@@ -307,12 +340,14 @@ pub(crate) struct Fusion<'a> {
     pub defines: Vec<(&'static str, String)>,
     pub tensors: Vec<&'a Tensor>,
     pub eps: f32,
+    /// The RoPE epilogue's hq, hkv, d, rot and max_ctx (zeros without it), after eps in the params.
+    pub rope_params: [u32; 5],
     suffix: String,
 }
 
 impl<'a> Fusion<'a> {
-    /// For options already checked by [`check_io`].
-    pub fn new(gpu: &Gpu, opts: &MatvecOptions<'a>) -> Result<Fusion<'a>> {
+    /// For options already checked by [`check_io`] (`out`: the product's output).
+    pub fn new(gpu: &Gpu, opts: &MatvecOptions<'a>, out: &Tensor) -> Result<Fusion<'a>> {
         let mut f = Fusion {
             defines: vec![
                 ("BIAS", u8::from(opts.bias.is_some()).to_string()),
@@ -320,9 +355,15 @@ impl<'a> Fusion<'a> {
                 ("SWIGLU", u8::from(opts.swiglu).to_string()),
                 ("RES", u8::from(opts.residual.is_some()).to_string()),
                 ("GLU", u8::from(opts.glu).to_string()),
+                ("ROPE", u8::from(opts.rope.is_some()).to_string()),
+                (
+                    "PAIRS",
+                    u8::from(opts.glu || opts.rope.is_some()).to_string(),
+                ),
             ],
             tensors: Vec::new(),
             eps: 0.0,
+            rope_params: [0; 5],
             suffix: String::new(),
         };
         // Bindings 1..=3 are w, x, out.
@@ -353,6 +394,25 @@ impl<'a> Fusion<'a> {
                 .extend([("RES_B", next(&f)), ("TR", r.dtype.wgsl().into())]);
             f.tensors.push(r);
             f.suffix += "_res";
+        }
+        if let Some(to) = &opts.rope {
+            let d = out.dim(-1);
+            let max_ctx = to.k_cache.numel() / (to.hkv * d).max(1);
+            let interleaved = to.pairs == RopePairs::Interleaved;
+            f.defines.extend([
+                ("KC_B", next(&f)),
+                ("TC", to.k_cache.dtype.wgsl().into()),
+                ("INTERLEAVED", u8::from(interleaved).to_string()),
+            ]);
+            f.tensors.push(to.k_cache);
+            f.defines.push(("VC_B", next(&f)));
+            f.tensors.push(to.v_cache);
+            f.defines.push(("STEP_B", next(&f)));
+            f.tensors.push(to.step);
+            f.defines.push(("TURNS_B", next(&f)));
+            f.tensors.push(to.turns);
+            f.rope_params = [to.hq, to.hkv, d, to.turns.numel(), max_ctx].map(|v| v as u32);
+            f.suffix += if interleaved { "_rope" } else { "_ropehalf" };
         }
         Ok(f)
     }
@@ -474,6 +534,7 @@ pub(crate) fn choose_reduction(
         opts.bias,
         opts.norm.map(|(g, _)| g),
         opts.residual,
+        opts.rope.map(|r| r.k_cache),
     ]
     .into_iter()
     .flatten()

@@ -280,9 +280,9 @@ pub fn matvec_quant_shards_tuned(
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
     let batch = check_io("matvec_quant", x, out, opts, n, k)?;
-    if opts.glu {
+    if opts.glu || opts.rope.is_some() {
         return Err(shape_err!(
-            "matvec_quant: the GLU epilogue is only on float weights"
+            "matvec_quant: the GLU and RoPE epilogues are only on float weights"
         ));
     }
     if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
@@ -301,7 +301,7 @@ pub fn matvec_quant_shards_tuned(
     };
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
-    let fusion = Fusion::new(gpu, opts)?;
+    let fusion = Fusion::new(gpu, opts, out)?;
     // TEAMS subgroups where the size allows, else fewer subgroups looping over the teams.
     let wg = if sg {
         (TEAMS as u32 * caps.subgroup_max_size)

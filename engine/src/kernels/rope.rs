@@ -1,7 +1,7 @@
 //! Rotary position embedding (RoPE), interleaved (GPT-J / GGUF llama) and half-split (NeoX / HF),
 //! partial rotary dimensions, llama3 frequency factors, positions read from a GPU tensor so one
 //! prebuilt dispatch serves every decode step. Angles are accurate to ~1e-6 rad at any position below
-//! 2^24 (see shaders/rope.wgsl for how without f64 on the GPU).
+//! 2^24 (see shaders/rope_angle.wgsl for how without f64 on the GPU).
 
 use crate::error::Result;
 use crate::exec::{Cost, Dispatch};
@@ -53,13 +53,22 @@ const HEADS_PER_THREAD: usize = 4;
 /// Positions must stay below this for exact angle reduction (two 12-bit pieces).
 pub const MAX_POSITION: u32 = 1 << 24;
 
+/// The rope kernel with the shared accurate-angle helpers appended.
+const ROPE_SRC: &str = concat!(shader!("rope.wgsl"), shader!("rope_angle.wgsl"));
+
 /// Each pair's frequency in turns per position, `freq_scale * theta^(-2k/rotary_dim) / 2pi`, as an f32
 /// pair (hi, lo) whose sum carries ~48 bits.
 pub fn turns_table(theta: f64, rotary_dim: usize, freq_scale: f64) -> Vec<f32> {
-    (0..rotary_dim / 2)
-        .flat_map(|k| {
-            let g = freq_scale * theta.powf(-2.0 * k as f64 / rotary_dim as f64)
-                / std::f64::consts::TAU;
+    turns_of(
+        (0..rotary_dim / 2).map(|k| freq_scale * theta.powf(-2.0 * k as f64 / rotary_dim as f64)),
+    )
+}
+
+/// Frequencies in radians per position as the (hi, lo) turns pairs `shaders/rope_angle.wgsl` takes.
+pub fn turns_of(radians: impl Iterator<Item = f64>) -> Vec<f32> {
+    radians
+        .flat_map(|f| {
+            let g = f / std::f64::consts::TAU;
             let hi = g as f32;
             [hi, (g - hi as f64) as f32]
         })
@@ -167,7 +176,7 @@ pub fn rope(
         },
     );
     let mut tensors = vec![x, positions, &tab, out];
-    let spec = KernelSpec::new(name, shader!("rope.wgsl"), "rope")
+    let spec = KernelSpec::new(name, ROPE_SRC, "rope")
         .define("TX", x.dtype.wgsl())
         .define("TO", out.dtype.wgsl())
         .define(

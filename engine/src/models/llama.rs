@@ -13,6 +13,8 @@
 //! stream on the fly (RMSNorm prologue), the down product applies SwiGLU to the gate-up rows (SwiGLU
 //! prologue; with float weights at one row the gate-up product's GLU epilogue writes the activation
 //! instead), and the O and down products add into the residual stream in place (residual epilogue).
+//! With float weights at one row (decode) the QKV product's RoPE epilogue also does the split, the
+//! rotation and the KV-cache write: 6 dispatches per layer.
 //! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
@@ -24,7 +26,7 @@ use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{MatmulOptions, matmul};
 use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::norm::{add_rmsnorm, rmsnorm};
-use crate::kernels::qkv_rope::{QkvRope, qkv_rope};
+use crate::kernels::qkv_rope::{QkvRope, QkvTargets, qkv_rope};
 use crate::kernels::quant::{dequantize, matvec_quant};
 use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
@@ -73,11 +75,16 @@ struct Fuse<'a> {
     swiglu: bool,
     residual: Option<&'a Tensor>,
     glu: bool,
+    rope: Option<QkvTargets<'a>>,
 }
 
 impl<'a> Fuse<'a> {
     fn is_some(&self) -> bool {
-        self.norm.is_some() || self.swiglu || self.residual.is_some() || self.glu
+        self.norm.is_some()
+            || self.swiglu
+            || self.residual.is_some()
+            || self.glu
+            || self.rope.is_some()
     }
 
     /// The matvec options of one weight part: its bias and its slice of the residual.
@@ -88,6 +95,7 @@ impl<'a> Fuse<'a> {
             swiglu: self.swiglu,
             residual,
             glu: self.glu,
+            rope: self.rope,
             ..Default::default()
         }
     }
@@ -216,6 +224,20 @@ impl LlamaModel {
         Ok(())
     }
 
+    /// Where layer `l`'s QKV split stores q, k and v, and its rotary embedding.
+    fn qkv_targets(&self, l: usize) -> QkvTargets<'_> {
+        let (k, v) = &self.kv[l];
+        QkvTargets {
+            k_cache: k,
+            v_cache: v,
+            step: &self.step,
+            turns: &self.w.rope_turns,
+            hq: self.cfg.n_heads,
+            hkv: self.cfg.n_kv_heads,
+            pairs: self.w.pairs,
+        }
+    }
+
     /// `out = x @ w^T (+ b)`: matrix-vector kernels (dequantising in registers) for a few rows;
     /// matrix-matrix otherwise, through the f16 scratch when the weight is quantised or in parts.
     fn linear(&self, gpu: &Gpu, x: &Tensor, w: &Linear, out: &Tensor) -> Result<Vec<Dispatch>> {
@@ -325,33 +347,33 @@ impl LlamaModel {
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
             let (k, v) = &self.kv[l];
+            let norm = Fuse {
+                norm: Some((&lw.attn_norm, eps)),
+                ..Default::default()
+            };
+            // q, k and v straight from the QKV product into the attention layouts, or through qkv.
+            let epilogue = a.unfused.is_none() && rope_epilogue(gpu, &lw.qkv, t);
             match &a.unfused {
                 Some(u) => d.extend(self.linear(gpu, &u.xn, &lw.qkv, &a.qkv)?),
-                None => d.extend(self.linear_fused(
-                    gpu,
-                    &a.x,
-                    &lw.qkv,
-                    &a.qkv,
-                    Fuse {
-                        norm: Some((&lw.attn_norm, eps)),
-                        ..Default::default()
-                    },
-                )?),
+                None if epilogue => {
+                    let rope = Fuse {
+                        rope: Some(self.qkv_targets(l)),
+                        ..norm
+                    };
+                    d.extend(self.linear_fused(gpu, &a.x, &lw.qkv, &a.q, rope)?);
+                }
+                None => d.extend(self.linear_fused(gpu, &a.x, &lw.qkv, &a.qkv, norm)?),
             }
-            d.push(qkv_rope(
-                gpu,
-                &QkvRope {
-                    qkv: &a.qkv,
-                    q_out: &a.q,
-                    k_cache: k,
-                    v_cache: v,
-                    step: &self.step,
-                    inv_freq: &self.w.inv_freq,
-                    hq: c.n_heads,
-                    hkv: c.n_kv_heads,
-                    pairs: self.w.pairs,
-                },
-            )?);
+            if !epilogue {
+                d.push(qkv_rope(
+                    gpu,
+                    &QkvRope {
+                        qkv: &a.qkv,
+                        q_out: &a.q,
+                        to: self.qkv_targets(l),
+                    },
+                )?);
+            }
             d.extend(attention(
                 gpu,
                 &a.q,
@@ -534,6 +556,19 @@ fn glu_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
     on && t == 1
         && w.is_float()
         && w.parts.len() == 1
+        && w.n.is_multiple_of(8)
+        && w.parts[0].binding(gpu.caps.max_storage_binding).is_ok()
+}
+
+/// Whether the QKV product of a `t`-row fused stage ends in the RoPE epilogue, storing q, k and v in
+/// the attention layouts itself (float weights in one part and one binding, no bias, one row;
+/// `DRIFT_ROPE_EPILOGUE=0` keeps the separate split dispatch, for A/B timing).
+fn rope_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
+    let on = !matches!(std::env::var("DRIFT_ROPE_EPILOGUE").as_deref(), Ok("0"));
+    on && t == 1
+        && w.is_float()
+        && w.parts.len() == 1
+        && w.bias.is_none()
         && w.n.is_multiple_of(8)
         && w.parts[0].binding(gpu.caps.max_storage_binding).is_ok()
 }

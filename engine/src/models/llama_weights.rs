@@ -6,7 +6,7 @@
 use crate::error::{DriftError, Result};
 use crate::formats::gguf::GgufFile;
 use crate::gpu::Gpu;
-use crate::kernels::qkv_rope::{RopePairs, inv_freq};
+use crate::kernels::qkv_rope::{RopePairs, rope_turns};
 use crate::kernels::quant::dequantize;
 use crate::memory::Category;
 use crate::models::config::LlmConfig;
@@ -49,8 +49,8 @@ pub struct LlamaWeights {
     pub norm: Tensor,
     /// The LM head (the quantised table itself when tied).
     pub lm_head: Linear,
-    /// f32 `[rot/2]` rope inverse frequencies (llama3 scaling folded in).
-    pub inv_freq: Tensor,
+    /// f32 `[rot/2, 2]` rope frequencies as turns per position (hi, lo), llama3 scaling folded in.
+    pub rope_turns: Tensor,
     pub pairs: RopePairs,
     /// The dtype prefill activations use (f16 where the device has it).
     pub dtype: DType,
@@ -238,9 +238,9 @@ impl LlamaWeights {
                 k: h,
             }
         };
-        let freqs = inv_freq(cfg.rope_theta, d, cfg.rope_freq_factors().as_deref());
+        let turns = rope_turns(cfg.rope_theta, d, cfg.rope_freq_factors().as_deref());
         Ok(LlamaWeights {
-            inv_freq: upload(gpu, "inv_freq", &[d / 2], &freqs, DType::F32)?,
+            rope_turns: upload(gpu, "rope turns", &[d / 2, 2], &turns, DType::F32)?,
             norm: vector("model.norm.weight", h)?,
             embed,
             layers,
@@ -358,9 +358,15 @@ impl LlamaWeights {
             table
         };
         let factors = f.rope_freq_factors()?;
-        let freqs = inv_freq(cfg.rope_theta, cfg.head_dim, factors.as_deref());
+        let turns = rope_turns(cfg.rope_theta, cfg.head_dim, factors.as_deref());
         Ok(LlamaWeights {
-            inv_freq: upload(gpu, "inv_freq", &[cfg.head_dim / 2], &freqs, DType::F32)?,
+            rope_turns: upload(
+                gpu,
+                "rope turns",
+                &[cfg.head_dim / 2, 2],
+                &turns,
+                DType::F32,
+            )?,
             norm: tensor("output_norm.weight")?,
             embed,
             layers,

@@ -10,6 +10,7 @@ pub mod layout;
 pub mod matmul;
 pub mod matvec;
 pub mod norm;
+pub mod qkv_rope;
 pub mod quant;
 pub mod rope;
 pub mod sample;
@@ -152,6 +153,7 @@ pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     all.extend(softmax::checks(gpu, rng)?);
     all.extend(norm::checks(gpu, rng)?);
     all.extend(rope::checks(gpu, rng)?);
+    all.extend(qkv_rope::checks(gpu, rng)?);
     all.extend(attention::checks(gpu, rng)?);
     all.extend(conv::checks(gpu, rng)?);
     all.extend(embedding::checks(gpu, rng)?);

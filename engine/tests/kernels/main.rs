@@ -11,6 +11,7 @@ mod layout;
 mod matmul;
 mod matvec;
 mod norm;
+mod qkv_rope;
 mod quant;
 mod rope;
 mod sample;
