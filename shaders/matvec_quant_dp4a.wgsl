@@ -19,7 +19,9 @@
 //
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, BU2
 // (two blocks per row in flight per lane), XV4 and
-// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES; MAXB (blocks of x the workgroup memory holds, >= K / 32).
+// matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
+// workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
+// holds, >= K / 32).
 // Needs subgroups (teams are subgroups of any size: team g = subgroup_id, += num_subgroups).
 // Params and the bindings are in matvec_quant_io.wgsl (prepended).
 
@@ -30,6 +32,8 @@ const TEAMS = 8u;
 // Row groups per workgroup: each team takes RG groups of R rows, so the pre-pass is shared by
 // TEAMS * R * RG rows.
 const RG = {{RG}}u;
+// Rows per workgroup (the paired-row epilogues of matvec_fuse.wgsl pair them up).
+const RPW = TEAMS * R * RG;
 const MAXB = {{MAXB}}u;
 
 // x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql; and (dx, sum x).
@@ -164,7 +168,7 @@ fn matvec(
 #endif
 
     // 2. Teams of R rows; lanes stride over the blocks.
-    let wg_first = (wid.x + wid.y * nwg.x) * TEAMS * R * RG;
+    let wg_first = (wid.x + wid.y * nwg.x) * RPW;
     for (var g = sg; g < TEAMS * RG; g += nsg) {
         let first = wg_first + g * R;
         if first >= p.rows {
@@ -172,7 +176,7 @@ fn matvec(
         }
         var rb: array<u32, R>;
         for (var r = 0u; r < R; r++) {
-            rb[r] = tensor_base(1u) * 4u + p.wbyte + min(first + r, p.rows - 1u) * p.row_bytes;
+            rb[r] = tensor_base(1u) * 4u + p.wbyte + weight_row(wg_first, g * R + r) * p.row_bytes;
         }
         var acc: array<f32, R>;
         var c = lane;
@@ -201,13 +205,30 @@ fn matvec(
         for (var r = 0u; r < R; r++) {
             let s = subgroupAdd(acc[r]);
             let row = first + r;
-            if lane == 0u && row < p.rows {
 #if NORM
-                write_out(row, 0u, vec2<f32>(s, sumsq));
+            let red = vec2<f32>(s, sumsq);
 #else
-                write_out(row, 0u, s);
+            let red = s;
+#endif
+            if lane == 0u && row < p.rows {
+#if PAIRS
+                pair_keep(g * R + r, weight_row(wg_first, g * R + r), red);
+#else
+                write_out(row, 0u, red);
 #endif
             }
         }
     }
+#if PAIRS
+    pair_finish(wg_first, lid);
+#endif
+}
+
+// The weight row of the workgroup's row rr (rows past the end clamp to the last).
+fn weight_row(wg_first: u32, rr: u32) -> u32 {
+#if PAIRS
+    return pair_row(wg_first, rr);
+#else
+    return min(wg_first + rr, p.rows - 1u);
+#endif
 }

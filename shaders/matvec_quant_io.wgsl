@@ -15,6 +15,7 @@ struct Params {
     row_bytes: u32,
     nchunks: u32,   // K / 32
     eps: f32,       // NORM
+    hq: u32, hkv: u32, hd: u32, rot: u32, max_ctx: u32, // ROPE (matvec_fuse.wgsl)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

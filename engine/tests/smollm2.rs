@@ -85,4 +85,21 @@ fn smollm2_answers_paris_like_transformers() {
         .unwrap_or(want.len());
     assert_eq!(g.tokens, want[..n].to_vec(), "greedy tokens: {:?}", g.text);
     assert!(g.text.contains("Paris"), "{}", g.text);
+
+    // Those decode steps ran the Q4_1 products on the integer-dot-product kernel with the paired-row
+    // epilogues where the device has subgroups: QKV + RoPE and gate-up + GLU in every layer.
+    if gpu.caps.subgroup {
+        let names: Vec<&str> = s
+            .model
+            .decode_program()
+            .dispatches
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        let count = |what: &str| names.iter().filter(|n| n.contains(what)).count();
+        let layers = s.model.cfg.n_layers;
+        assert_eq!(count("_rope_sg_dp4a"), layers, "{names:?}");
+        assert_eq!(count("_glu_sg_dp4a"), layers, "{names:?}");
+        assert_eq!(count("qkv_rope"), 0, "{names:?}");
+    }
 }

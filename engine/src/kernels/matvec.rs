@@ -248,9 +248,6 @@ pub(crate) fn check_io(
     let mut out_ok =
         out.rank() == x.rank() && out.dim(-1) == on && (out.rank() == 1 || out.shape[0] == batch);
     if let Some(to) = &opts.rope {
-        // out is q [hq, d] (any leading shape); the targets check it.
-        to.check(what, n, out)?;
-        out_ok = true;
         if batch != 1
             || !n.is_multiple_of(8)
             || opts.bias.is_some()
@@ -263,6 +260,9 @@ pub(crate) fn check_io(
                 x.shape
             ));
         }
+        // out is q [hq, d] (any leading shape); the targets check it.
+        to.check(what, n, out)?;
+        out_ok = true;
     }
     if opts.glu && (batch != 1 || !n.is_multiple_of(8) || opts.swiglu || opts.residual.is_some()) {
         return Err(shape_err!(

@@ -212,6 +212,27 @@ pub fn matvec_quant_tuned(
     matvec_quant_shards_tuned(gpu, &shards, x, out, opts, tuning)
 }
 
+/// Whether a one-row product with `w` (`[rows, K]`, float or quantized) can end in a paired-row
+/// epilogue ([`MatvecOptions::glu`] / [`MatvecOptions::rope`]) with the default tuning: float weights in
+/// one binding with whole 8-row workgroups; quantized ones on the integer-dot-product kernel, in one
+/// shard of whole workgroups.
+pub fn paired_epilogue_fits(gpu: &Gpu, w: &Tensor) -> bool {
+    let [rows, k] = w.shape[..] else {
+        return false;
+    };
+    let limit = gpu.caps.max_storage_binding;
+    if !w.dtype.is_quantized() {
+        return rows.is_multiple_of(8) && w.binding(limit).is_ok();
+    }
+    let t = QuantTuning::default();
+    let rows_per_group =
+        TEAMS * t.rows_per_team as usize * quant_dp4a::row_groups(t.row_groups) as usize;
+    t.dp4a
+        && quant_dp4a::eligible(gpu, w.dtype, 1, k, gpu.caps.subgroup)
+        && rows.is_multiple_of(rows_per_group)
+        && word_view(w).is_ok_and(|(v, _)| v.binding(limit.min(MAX_SHARD_BYTES)).is_ok())
+}
+
 /// Whether [`matvec_quant_tuned`] runs the integer-dot-product kernel for these arguments (x then
 /// enters the products rounded to 8 bits per 32-element block: the self-test's tolerance needs it).
 pub fn uses_dp4a(
@@ -280,11 +301,6 @@ pub fn matvec_quant_shards_tuned(
         return Err(shape_err!("matvec_quant: w has no rows"));
     }
     let batch = check_io("matvec_quant", x, out, opts, n, k)?;
-    if opts.glu || opts.rope.is_some() {
-        return Err(shape_err!(
-            "matvec_quant: the GLU and RoPE epilogues are only on float weights"
-        ));
-    }
     if ![1, 2, 4].contains(&tuning.rows_per_team) || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
     {
         return Err(shape_err!(
@@ -317,6 +333,17 @@ pub fn matvec_quant_shards_tuned(
         1
     };
     let r = tuning.rows_per_team as usize;
+    // The paired-row epilogues pair up a workgroup's rows: the integer-dot-product kernel's, in one
+    // shard of whole workgroups.
+    let rows_per_group = TEAMS * r * rg as usize;
+    if (opts.glu || opts.rope.is_some())
+        && (!dp4a || shards.len() > 1 || !n.is_multiple_of(rows_per_group))
+    {
+        return Err(shape_err!(
+            "matvec_quant: the GLU and RoPE epilogues on quantized weights need the integer-dot-product kernel, one shard and a multiple of {rows_per_group} rows (w [{n}, {k}] {dtype:?}, {} shards)",
+            shards.len()
+        ));
+    }
     // The workgroup-memory reduction's tree (f32 per invocation and row when staged: one batch row).
     let tree_bytes = if sg { 0 } else { wg * 4 * r as u32 };
     // Lanes read x in chunks of 32 elements: 8 vec4s.
@@ -382,7 +409,7 @@ pub fn matvec_quant_shards_tuned(
         let spec = if tuning.trusted { spec.trusted() } else { spec };
         let kernel = gpu.kernel(&spec)?;
         let rows = sh.tensor.shape[0];
-        let groups = rows.div_ceil(TEAMS * r * rg as usize) as u32;
+        let groups = rows.div_ceil(rows_per_group) as u32;
         let params = [
             rows as u32,
             k as u32,
@@ -392,6 +419,11 @@ pub fn matvec_quant_shards_tuned(
             row_bytes as u32,
             (k / 32) as u32,
             fusion.eps.to_bits(),
+            fusion.rope_params[0],
+            fusion.rope_params[1],
+            fusion.rope_params[2],
+            fusion.rope_params[3],
+            fusion.rope_params[4],
         ];
         let mut tensors = vec![&wv, x, out];
         tensors.extend(&fusion.tensors);

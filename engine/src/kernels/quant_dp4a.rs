@@ -43,6 +43,7 @@ pub const SOURCE: &str = concat!(
     crate::shader!("matvec_quant_dp4a.wgsl"),
     crate::shader!("dequant.wgsl"),
     crate::shader!("matvec_fuse.wgsl"),
+    crate::shader!("rope_angle.wgsl"),
 );
 
 /// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,

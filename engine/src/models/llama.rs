@@ -11,10 +11,11 @@
 //! Decode (and prefills of at most [`MATVEC_MAX_ROWS`] rows) fuses further into the matrix-vector
 //! kernels, 7 dispatches per layer: the QKV, gate-up and LM-head products normalise the f32 residual
 //! stream on the fly (RMSNorm prologue), the down product applies SwiGLU to the gate-up rows (SwiGLU
-//! prologue; with float weights at one row the gate-up product's GLU epilogue writes the activation
-//! instead), and the O and down products add into the residual stream in place (residual epilogue).
-//! With float weights at one row (decode) the QKV product's RoPE epilogue also does the split, the
-//! rotation and the KV-cache write: 6 dispatches per layer.
+//! prologue), and the O and down products add into the residual stream in place (residual epilogue).
+//! At one row (decode) with float weights, or quantized ones on the integer-dot-product kernel, two
+//! paired-row epilogues go further: the gate-up product writes silu(gate) * up itself (GLU; the down
+//! product then has no prologue) and the QKV product does the split, the rotation and the KV-cache
+//! write (RoPE): 6 dispatches per layer.
 //! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
@@ -27,7 +28,7 @@ use crate::kernels::matmul::{MatmulOptions, matmul};
 use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::norm::{add_rmsnorm, rmsnorm};
 use crate::kernels::qkv_rope::{QkvRope, QkvTargets, qkv_rope};
-use crate::kernels::quant::{dequantize, matvec_quant};
+use crate::kernels::quant::{dequantize, matvec_quant, paired_epilogue_fits};
 use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
 use crate::memory::Category;
@@ -548,29 +549,22 @@ impl LlamaModel {
     }
 }
 
-/// Whether the gate-up product of a `t`-row fused stage ends in the GLU epilogue (float weights in one
-/// part and one binding, one row; `DRIFT_GLU=0` keeps the SwiGLU prologue of the down product, for
+/// Whether the gate-up product of a `t`-row fused stage ends in the GLU epilogue (one row, one weight
+/// part that [`paired_epilogue_fits`]; `DRIFT_GLU=0` keeps the SwiGLU prologue of the down product, for
 /// A/B timing).
 fn glu_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
     let on = !matches!(std::env::var("DRIFT_GLU").as_deref(), Ok("0"));
-    on && t == 1
-        && w.is_float()
-        && w.parts.len() == 1
-        && w.n.is_multiple_of(8)
-        && w.parts[0].binding(gpu.caps.max_storage_binding).is_ok()
+    on && t == 1 && matches!(&w.parts[..], [part] if paired_epilogue_fits(gpu, part))
 }
 
 /// Whether the QKV product of a `t`-row fused stage ends in the RoPE epilogue, storing q, k and v in
-/// the attention layouts itself (float weights in one part and one binding, no bias, one row;
+/// the attention layouts itself (one row, no bias, one weight part that [`paired_epilogue_fits`];
 /// `DRIFT_ROPE_EPILOGUE=0` keeps the separate split dispatch, for A/B timing).
 fn rope_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
     let on = !matches!(std::env::var("DRIFT_ROPE_EPILOGUE").as_deref(), Ok("0"));
     on && t == 1
-        && w.is_float()
-        && w.parts.len() == 1
         && w.bias.is_none()
-        && w.n.is_multiple_of(8)
-        && w.parts[0].binding(gpu.caps.max_storage_binding).is_ok()
+        && matches!(&w.parts[..], [part] if paired_epilogue_fits(gpu, part))
 }
 
 /// Whether every projection of a `t`-row stage runs as matrix-vector products (what the fused stage

@@ -213,7 +213,7 @@ pub(crate) fn fused_atol(scale: f64) -> f64 {
 /// The GLU of the products of a `[2N]` row (gate over up): silu(gate) * up, and its tolerance from
 /// the products' `atol`: |d(silu(g) u)| <= (|silu'(g)| |u| + |silu(g)|) atol, with |silu'| < 1.1,
 /// plus the exp and division (a few ulp of the result).
-fn glu_reference(products: &[f64], atol: f64) -> (Vec<f64>, f64) {
+pub(crate) fn glu_reference(products: &[f64], atol: f64) -> (Vec<f64>, f64) {
     let half = products.len() / 2;
     let (gate, up) = products.split_at(half);
     let mut worst = 0.0f64;

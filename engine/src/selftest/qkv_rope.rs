@@ -2,18 +2,22 @@
 //! in decode: q rotated into its own tensor, k rotated and v copied into the KV-cache rows of the
 //! step's positions, against an f64 reference (exact angles). Both pairing styles, partial rotary dims,
 //! llama3 frequency factors, grouped KV heads, positions past the 12-bit pieces of the angle reduction
-//! and at 30000, f32 and f16 caches, caches and q sharing buffers with other tensors (as in an arena).
+//! and at 30000, f32 and f16 caches, caches and q sharing buffers with other tensors (as in an arena);
+//! the epilogue on float weights and on quantized ones (the integer-dot-product kernel).
 //! Every cache row but the step's must stay as poisoned, and nothing outside q may be written.
 
 use super::matvec::{Fuse, FuseTensors, fused_atol};
+use super::quant::{int8_input_error, random_blocks};
 use super::softmax::guard;
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
-use crate::kernels::matvec::{MatvecOptions, MatvecVariant, matvec};
+use crate::kernels::matvec::{MatvecOptions, MatvecVariant};
 use crate::kernels::qkv_rope::{QkvRope, QkvTargets, RopePairs, qkv_rope, rope_turns};
+use crate::kernels::quant::{matvec_quant, uses_dp4a};
 use crate::memory::Category;
+use crate::reference::quant::dequantize;
 use crate::tensor::{DType, Layout, Tensor};
 use rand::Rng as _;
 
@@ -274,30 +278,47 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     for (s, tokens) in [(base, 3), (far, 1), (across, 4)] {
         out.push(check_split(gpu, rng, &s, tokens)?);
     }
+    // The decode QKV product: RMSNorm prologue, f16 weights where the device has them; K of no vector
+    // width (scalar loads) without a prologue; x and q in one buffer (f32 q).
+    let mut products = vec![
+        (base, 64, io, true),
+        (far, 130, DType::F32, false),
+        (small, 256, io, true),
+        (across, 64, io, false),
+    ];
     let mut variants = vec![MatvecVariant::Workgroup];
     if gpu.caps.subgroup {
         variants.push(MatvecVariant::Subgroup);
     }
-    let w_dtype = io;
     for variant in variants {
-        // The decode QKV product: RMSNorm prologue, f16 weights where the device has them; K of no
-        // vector width (scalar loads) without a prologue; x and q in one buffer.
-        out.push(check_epilogue(gpu, rng, &base, 64, w_dtype, true, variant)?);
-        out.push(check_epilogue(
-            gpu,
-            rng,
-            &far,
-            130,
-            DType::F32,
-            false,
-            variant,
-        )?);
-        out.push(check_epilogue(
-            gpu, rng, &small, 256, w_dtype, true, variant,
-        )?);
-        out.push(check_epilogue(
-            gpu, rng, &across, 64, w_dtype, false, variant,
-        )?);
+        for &(s, k, w_dtype, norm) in &products {
+            out.push(check_epilogue(gpu, rng, &s, k, w_dtype, norm, variant)?);
+        }
+    }
+    if gpu.caps.subgroup {
+        // Quantized weights on the integer-dot-product kernel (rows in whole 32-row workgroups).
+        let interleaved = Split {
+            pairs: RopePairs::Interleaved,
+            rot: 8,
+            factors: true,
+            ..across
+        };
+        products = vec![
+            (base, 64, DType::Q4_0, true),
+            (interleaved, 96, DType::Q8_0, true),
+            (base, 64, DType::Q4_1, false),
+        ];
+        for &(s, k, w_dtype, norm) in &products {
+            out.push(check_epilogue(
+                gpu,
+                rng,
+                &s,
+                k,
+                w_dtype,
+                norm,
+                MatvecVariant::Auto,
+            )?);
+        }
     }
     Ok(out)
 }
@@ -343,8 +364,22 @@ fn check_epilogue(
     variant: MatvecVariant,
 ) -> Result<Check> {
     let n = s.rows();
-    let wv = random(rng, n * k, -1.0, 1.0, w_dtype);
-    let w = gpu.tensor_from_f32("w", &[n, k], w_dtype, &wv, Category::Weights)?;
+    let (w, wv) = if w_dtype.is_quantized() {
+        let bytes = random_blocks(rng, w_dtype, n * k / w_dtype.block_elems());
+        let w = gpu.tensor_from_bytes(
+            "w",
+            &[n, k],
+            w_dtype,
+            Layout::Blocks,
+            &bytes,
+            Category::Weights,
+        )?;
+        (w, dequantize(w_dtype, &bytes))
+    } else {
+        let wv = random(rng, n * k, -1.0, 1.0, w_dtype);
+        let w = gpu.tensor_from_f32("w", &[n, k], w_dtype, &wv, Category::Weights)?;
+        (w, wv)
+    };
     let xv = random(rng, k, -1.0, 1.0, DType::F32);
     // x and q in one poisoned buffer, q after x and a gap, as in the decode arena (with f32 q; an f16
     // q shares its buffer with nothing).
@@ -380,7 +415,8 @@ fn check_epilogue(
             },
         )
     };
-    let ds = matvec(gpu, &w, &x, &q, &opts)?;
+    let dp4a = w_dtype.is_quantized() && uses_dp4a(gpu, &w, &x, &q, &opts, Default::default())?;
+    let ds = matvec_quant(gpu, &w, &x, &q, &opts)?;
     let name = format!(
         "{} [{n}, {k}] w {w_dtype:?}{} {}",
         ds[0].name,
@@ -391,9 +427,13 @@ fn check_epilogue(
     prog.extend(ds);
     prog.run(gpu)?;
     let (want, scale) = fused.reference(&wv, &xv, None, 1, n, k);
-    // A rotation mixes two products (each within fused_atol): |err| <= sqrt(2) of it, plus the angle
-    // error times the pair's length.
-    let atol = 1.5 * fused_atol(scale) + ANGLE_ERR * largest_pair(&want);
+    // A rotation mixes two products (each within fused_atol, plus the int8 rounding of x on the
+    // integer-dot-product kernel): |err| <= sqrt(2) of it, plus the angle error times the pair's length.
+    let mut product_atol = fused_atol(scale);
+    if dp4a {
+        product_atol += int8_input_error(&wv, &fused.prologue(&xv, k), n, k);
+    }
+    let atol = 1.5 * product_atol + ANGLE_ERR * largest_pair(&want);
     let c = tg.compare(gpu, name, s, &q, &want, atol)?;
     // Nothing but q written in the activation buffer (x, when there, is never written).
     let all = gpu.read_f32(&act)?;

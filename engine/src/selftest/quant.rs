@@ -3,13 +3,14 @@
 //! matrix-vector products (f32 accumulation against the f64 product of the dequantized weights), on
 //! random valid blocks, with poisoned outputs, odd N, K of several blocks, batch 1, 3 and 8, bias,
 //! views at offsets (weights starting mid-word), row shards, both reductions and f16 activations; and
-//! the fused decode prologues / epilogues (RMSNorm, SwiGLU, residual) on Q8_0, Q4_0, Q4_K and Q6_K.
+//! the fused decode prologues / epilogues (RMSNorm, SwiGLU, residual) on Q8_0, Q4_0, Q4_K and Q6_K, the
+//! GLU epilogue on the integer-dot-product kernel's types (its RoPE epilogue: [`super::qkv_rope`]).
 //! The CPU dequantization itself is checked against gguf-py's in the tests (fixtures), and
 //! [`fixture_checks`] runs the GPU kernels on those fixtures.
 
 use rand::Rng as _;
 
-use super::matvec::{Fuse, FuseTensors, Residual, fused_atol};
+use super::matvec::{Fuse, FuseTensors, Residual, fused_atol, glu_reference};
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
@@ -220,6 +221,9 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check_matvec(gpu, rng, &c)?);
             }
         }
+        if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) && gpu.caps.subgroup {
+            out.push(check_matvec(gpu, rng, &glu_case(gpu, dtype, k))?);
+        }
         if matches!(dtype, DType::Q4_0 | DType::Q4K) {
             for c in staged_cases(gpu, dtype, sg) {
                 out.push(check_matvec(gpu, rng, &c)?);
@@ -299,6 +303,28 @@ fn fused_cases(gpu: &Gpu, dtype: DType, k: usize, sg: MatvecVariant, more: bool)
     cases
 }
 
+/// The GLU epilogue on the integer-dot-product kernel (gate rows over up rows, 2 x 32 rows: whole
+/// workgroups): with the norm prologue and bias (Q4_0, Q8_0), and without a prologue on io input (Q4_1).
+fn glu_case(gpu: &Gpu, dtype: DType, k: usize) -> Case {
+    let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+    let norm = dtype != DType::Q4_1;
+    let prologue = if norm {
+        Fuse::norm(DType::F32)
+    } else {
+        Fuse::default()
+    };
+    Case {
+        fuse: Fuse {
+            glu: true,
+            ..prologue
+        },
+        bias: norm,
+        x_dtype: if norm { DType::F32 } else { io },
+        out_dtype: io,
+        ..Case::new(dtype, 1, 64, k, MatvecVariant::Auto)
+    }
+}
+
 /// The staged input of the float-decoding kernel (one batch row with a prologue; Q4_0 with the
 /// integer-dot-product kernel off): K past what the device's workgroup memory stages (the rest
 /// computed per row), a 1 KiB staging limit (a long per-row tail) with both reductions, and staging
@@ -374,7 +400,8 @@ fn run_matvec(
     )?;
     let x = x_full.view(c.x_offset, &[batch, xk])?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bv, Category::Weights)?;
-    let o = gpu.tensor("out", &[batch, n], c.out_dtype, Category::Activations)?;
+    let on = if c.fuse.glu { n / 2 } else { n };
+    let o = gpu.tensor("out", &[batch, on], c.out_dtype, Category::Activations)?;
     let fused = FuseTensors::new(gpu, rng, c.fuse, k, &o)?;
     let opts = fused.options(
         &o,
@@ -406,6 +433,11 @@ fn run_matvec(
     if dp4a {
         atol += int8_input_error(deq, &fused.prologue(xs, k), n, k);
     }
+    let (want, atol) = if c.fuse.glu {
+        glu_reference(&want, atol)
+    } else {
+        (want, atol)
+    };
     let mut name = format!(
         "matvec {:?} {label}{:?} {batch}x[{n}, {k}]{}{} x {:?} out {:?} r{}u{}{}",
         c.dtype,
@@ -444,7 +476,7 @@ fn run_matvec(
 /// x = d (qh + ql / 254) with d = max |block| / 127 is off by at most d / 508 = max |block| / 64516, so
 /// output row r moves by at most the sum over blocks of that times sum |w[r, k]| over the block. One
 /// batch row (the kernel takes no more).
-fn int8_input_error(w: &[f32], xin: &[f64], n: usize, k: usize) -> f64 {
+pub(crate) fn int8_input_error(w: &[f32], xin: &[f64], n: usize, k: usize) -> f64 {
     let steps: Vec<f64> = xin[..k]
         .chunks(32)
         .map(|b| b.iter().fold(0.0f64, |m, v| m.max(v.abs())) / 64516.0)
