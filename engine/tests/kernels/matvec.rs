@@ -228,6 +228,44 @@ fn matvec_specialisations_compile() {
             }
         }
     }
+    // The paired-row epilogues (one batch row, after the norm prologue, staged or not): GLU with bias,
+    // RoPE into f16 caches with both pairings.
+    for (glu, rope, bias, norm_b) in [("1", "0", "1", "5"), ("0", "1", "0", "4")] {
+        for mut d in combos(
+            &[
+                ("TX", "f32"),
+                ("TO", "f16"),
+                ("NB", "1"),
+                ("WG", "256"),
+                ("F16", "1"),
+                ("NORM", "1"),
+                ("NORM_B", norm_b),
+                ("TG", "f32"),
+                ("GV4", "1"),
+                ("BIAS", bias),
+                ("TB", "f32"),
+                ("SWIGLU", "0"),
+                ("RES", "0"),
+                ("GLU", glu),
+                ("ROPE", rope),
+                ("PAIRS", "1"),
+                ("KC_B", "5"),
+                ("VC_B", "6"),
+                ("STEP_B", "7"),
+                ("TURNS_B", "8"),
+                ("TC", "f16"),
+                ("XS", "64"),
+                ("STAGE_TAIL", "0"),
+            ],
+            &["WF16", "VEC", "SG", "INTERLEAVED", "STAGE"],
+        ) {
+            let on = |k: &str| d.contains(&(k, "1".to_string()));
+            let xp = if on("VEC") && on("WF16") { "2" } else { "1" };
+            let vec = if on("VEC") { "1" } else { "0" };
+            d.extend([("XP", xp.to_string()), ("XV4", vec.to_string())]);
+            to_spirv("matvec paired", src, &d);
+        }
+    }
     for ty in ["Q4_0", "Q6K"] {
         for (nb, r) in [("1", "2"), ("3", "1")] {
             for (norm, swiglu) in prologues {

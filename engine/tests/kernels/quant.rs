@@ -128,6 +128,42 @@ fn quant_dp4a_specialisations_compile() {
         }
     }
     assert_eq!(n, 3 * 2 * 3 * 16);
+    // The paired-row epilogues after the norm prologue: GLU (with bias) and RoPE (f16 caches, both
+    // pairings), f16 output.
+    for block in ["Q4_0", "Q4_1", "Q8_0"] {
+        // Bindings: bias 4 then the norm weight (GLU); the norm weight 4 then caches, step, turns (RoPE).
+        for (glu, rope, bias, norm_b) in [("1", "0", "1", "5"), ("0", "1", "0", "4")] {
+            for d in combos(
+                &[
+                    (block, "1"),
+                    ("TX", "f32"),
+                    ("TO", "f16"),
+                    ("TB", "f32"),
+                    ("F16", "1"),
+                    ("R", "2"),
+                    ("RG", "2"),
+                    ("MAXB", "448"),
+                    ("NORM", "1"),
+                    ("NORM_B", norm_b),
+                    ("TG", "f32"),
+                    ("BIAS", bias),
+                    ("GLU", glu),
+                    ("ROPE", rope),
+                    ("PAIRS", "1"),
+                    ("KC_B", "5"),
+                    ("VC_B", "6"),
+                    ("STEP_B", "7"),
+                    ("TURNS_B", "8"),
+                    ("TC", "f16"),
+                ],
+                &["ALIGNED", "XV4", "INTERLEAVED"],
+            ) {
+                to_spirv("matvec_quant_dp4a", src, &d);
+                n += 1;
+            }
+        }
+    }
+    assert_eq!(n, 3 * 2 * 3 * 16 + 3 * 2 * 8);
 }
 
 #[test]
