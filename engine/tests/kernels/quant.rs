@@ -87,7 +87,7 @@ fn fixtures() -> Vec<(Fixture, Option<Vec<f32>>)> {
 /// SPIR-V, and integer dot products are emitted as OpSDot (4450) where the capability is declared.
 #[test]
 fn quant_dp4a_specialisations_compile() {
-    use crate::spirv::{combos, to_spirv};
+    use crate::spirv::{combos, paired_defines, to_spirv};
     let src = drift_engine::kernels::quant_dp4a::SOURCE;
     let mut n = 0;
     for block in ["Q4_0", "Q4_1", "Q8_0"] {
@@ -131,33 +131,20 @@ fn quant_dp4a_specialisations_compile() {
     // The paired-row epilogues after the norm prologue: GLU (with bias) and RoPE (f16 caches, both
     // pairings), f16 output.
     for block in ["Q4_0", "Q4_1", "Q8_0"] {
-        // Bindings: bias 4 then the norm weight (GLU); the norm weight 4 then caches, step, turns (RoPE).
-        for (glu, rope, bias, norm_b) in [("1", "0", "1", "5"), ("0", "1", "0", "4")] {
-            for d in combos(
+        for glu in [true, false] {
+            for mut d in combos(
                 &[
                     (block, "1"),
                     ("TX", "f32"),
                     ("TO", "f16"),
-                    ("TB", "f32"),
                     ("F16", "1"),
                     ("R", "2"),
                     ("RG", "2"),
                     ("MAXB", "448"),
-                    ("NORM", "1"),
-                    ("NORM_B", norm_b),
-                    ("TG", "f32"),
-                    ("BIAS", bias),
-                    ("GLU", glu),
-                    ("ROPE", rope),
-                    ("PAIRS", "1"),
-                    ("KC_B", "5"),
-                    ("VC_B", "6"),
-                    ("STEP_B", "7"),
-                    ("TURNS_B", "8"),
-                    ("TC", "f16"),
                 ],
                 &["ALIGNED", "XV4", "INTERLEAVED"],
             ) {
+                d.extend(paired_defines(glu));
                 to_spirv("matvec_quant_dp4a", src, &d);
                 n += 1;
             }

@@ -55,3 +55,25 @@ pub fn to_spirv(name: &str, source: &str, defines: &[(&'static str, String)]) ->
         Err(_) => panic!("{name} {defines:?}: SPIR-V writer panicked"),
     }
 }
+
+/// The defines of a paired-row epilogue after the norm prologue (f32 norm weight, f16 caches): GLU with
+/// an f32 bias at binding 4 and the norm weight at 5, or RoPE with the norm weight at 4 and the caches,
+/// step and turns at 5..8. The pairing style (INTERLEAVED) is left to the caller's flags.
+pub fn paired_defines(glu: bool) -> Vec<(&'static str, String)> {
+    let b = |v: bool| if v { "1" } else { "0" }.to_string();
+    let mut d = vec![
+        ("NORM", "1".to_string()),
+        ("NORM_B", if glu { "5" } else { "4" }.into()),
+        ("TG", "f32".into()),
+        ("BIAS", b(glu)),
+        ("TB", "f32".into()),
+        ("GLU", b(glu)),
+        ("ROPE", b(!glu)),
+        ("PAIRS", "1".into()),
+        ("TC", "f16".into()),
+    ];
+    for (name, binding) in [("KC_B", 5), ("VC_B", 6), ("STEP_B", 7), ("TURNS_B", 8)] {
+        d.push((name, binding.to_string()));
+    }
+    d
+}
