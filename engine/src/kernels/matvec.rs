@@ -61,14 +61,15 @@ pub struct MatvecOptions<'a> {
     /// f16). It may be `out` itself (the residual stream updated in place), not a partial overlap.
     pub residual: Option<&'a Tensor>,
     /// GLU epilogue: `w` stacks gate rows over up rows (`[2N, K]`) and `out[n] = silu(gate_n) * up_n`
-    /// (`out`: `[1, N]`). One activation row, float weights in one shard, N a multiple of 4, not with
-    /// `swiglu` or `residual`.
+    /// (`out`: `[1, N]`). One activation row, weights in one shard (float with N a multiple of 4, or
+    /// quantized on the integer-dot-product kernel with 2N in whole workgroups), not with `swiglu` or
+    /// `residual`.
     pub glu: bool,
     /// RoPE epilogue: `w` is a stacked QKV projection (`[(hq + 2 hkv) d, K]`) and instead of its
     /// product the kernel stores what [`crate::kernels::qkv_rope::qkv_rope`] makes of it: q rotated
     /// into `out` (`[hq, d]` elements), k rotated and v into the caches' rows at the step's position.
-    /// One activation row, float weights in one shard, rows a multiple of 8, no bias, SwiGLU, GLU or
-    /// residual.
+    /// One activation row, weights in one shard (float with rows a multiple of 8, or quantized on the
+    /// integer-dot-product kernel with rows in whole workgroups), no bias, SwiGLU, GLU or residual.
     pub rope: Option<QkvTargets<'a>>,
     pub variant: MatvecVariant,
     /// Largest weight shard in bytes (default: the device's storage-binding limit). Tests set it
