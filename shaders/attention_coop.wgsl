@@ -10,16 +10,16 @@
 // 16). Per key tile of BK:
 //   1. K and V rows staged as f16 (rows past kv_len and columns past D are zeros); the next tile is
 //      fetched into registers meanwhile;
-//   2. S = Q K^T: BK / 16 accumulators per subgroup over DP / 16 steps, stored as f32 to s_s;
+//   2. S = Q K^T: BK / 16 accumulators per subgroup over DP / 16 steps, stored as f32 to tiles.s;
 //   3. online softmax by the subgroup's lanes, two per row (keys 8i + 4h .. +3 for half h): scale,
 //      causal / kv_len mask, row max over the pair; P = exp(s - m) written as f16 over the K tile
-//      (no longer needed: sharing kp_s keeps D = 128 with 64 x 32 tiles within 48 KiB);
+//      (no longer needed: sharing tiles.kp keeps D = 128 with 64 x 32 tiles within 48 KiB);
 //   4. O += P V with the O accumulators (DP / 16 per subgroup) kept as cooperative matrices.
 // Accumulators cannot be scaled per row, so the running max is lazy (as in FlashAttention-4): a row
 // keeps its max m until a tile's max exceeds it by more than TH, so P <= e^TH (well inside f16).
 // Only then (rare after the first tiles) does the workgroup take the round trip: store O through
-// s_s, scale each row by exp(m_old - m_new), load it back.
-// Finally O / l goes out through s_s, converted and guarded per element.
+// tiles.s, scale each row by exp(m_old - m_new), load it back.
+// Finally O / l goes out through tiles.s, converted and guarded per element.
 //
 // The cooperative operations are confined to the functions load_q_a, load_p_a, load_k_b, load_v_b,
 // mma, store_c and load_c. Without COOP they are emulated with plain loops: each "virtual subgroup"
@@ -110,8 +110,8 @@ const G: u32 = {{G}}u;
 const LOADS: u32 = {{LOADS}}u;
 // Pitches: 16 bytes past a multiple of 32 bytes, so the 8 rows a matrix load reads at a time fall
 // in different banks, while rows stay 16-byte aligned.
-const QP: u32 = DPC + 2u;   // q_s, K and v_s rows (vec4<f16>)
-const SP: u32 = BK + 4u;    // s_s rows (f32)
+const QP: u32 = DPC + 2u;   // tiles.q, K and tiles.v rows (vec4<f16>)
+const SP: u32 = BK + 4u;    // tiles.s rows (f32)
 const PP: u32 = BK / 4u + 2u; // probability rows (vec4<f16>)
 const KPS: u32 = {{KPS}}u;   // max(BK * QP, BQ * PP)
 // Masked scores: finite, so no inf - inf appears; real scores are far larger.
@@ -120,11 +120,17 @@ const NEG_HALF: f32 = -5.0e29;
 // Lazy rescaling threshold (natural log): probabilities stay below e^8 ~ 2981.
 const TH: f32 = 8.0;
 
-var<workgroup> q_s: array<vec4<f16>, BQ * QP>;  // Q rows, unscaled
-// The K tile [key][dim]; once the scores are computed, the probabilities [row][key] (rows PP apart).
-var<workgroup> kp_s: array<vec4<f16>, KPS>;
-var<workgroup> v_s: array<vec4<f16>, BK * QP>;  // V tile [key][dim]
-var<workgroup> s_s: array<f32, BQ * SP>;        // scores; O chunks in the round trips
+// The tiles the matrix loads and stores address, each 16-byte aligned (a matrix row is read as 16-byte
+// pieces): as one struct with explicit member alignment, not left to the order a driver lays separate
+// workgroup variables out in (the vec4<f16> arrays alone only need 8).
+struct Tiles {
+    @align(16) q: array<vec4<f16>, BQ * QP>,  // Q rows, unscaled
+    // The K tile [key][dim]; once the scores are computed, the probabilities [row][key] (rows PP apart).
+    @align(16) kp: array<vec4<f16>, KPS>,
+    @align(16) v: array<vec4<f16>, BK * QP>,  // V tile [key][dim]
+    @align(16) s: array<f32, BQ * SP>,        // scores; O chunks in the round trips
+}
+var<workgroup> tiles: Tiles;
 var<workgroup> rescales: atomic<u32>;           // rows that needed a rescale so far
 #ifnot SG
 var<workgroup> red_s: array<f32, WG>;           // pair exchange
@@ -138,36 +144,36 @@ alias MatC = coop_mat16x16<f32, C>;
 // A = 16 rows of Q (row-major) at vec4 offset o.
 fn load_q_a(o: u32) -> MatA {
     let at = o;
-    return coopLoadT<MatA>(&q_s[at], QP);
+    return coopLoadT<MatA>(&tiles.q[at], QP);
 }
 
 // A = 16 rows of P at vec4 offset o.
 fn load_p_a(o: u32) -> MatA {
     let at = o;
-    return coopLoadT<MatA>(&kp_s[at], PP);
+    return coopLoadT<MatA>(&tiles.kp[at], PP);
 }
 
-// B = K^T: kp_s holds [key][dim], which is B (dim x key) column-major.
+// B = K^T: tiles.kp holds [key][dim], which is B (dim x key) column-major.
 fn load_k_b(o: u32) -> MatB {
     let at = o;
-    return coopLoad<MatB>(&kp_s[at], QP);
+    return coopLoad<MatB>(&tiles.kp[at], QP);
 }
 
-// B = V: v_s holds [key][dim] row-major.
+// B = V: tiles.v holds [key][dim] row-major.
 fn load_v_b(o: u32) -> MatB {
     let at = o;
-    return coopLoadT<MatB>(&v_s[at], QP);
+    return coopLoadT<MatB>(&tiles.v[at], QP);
 }
 
-// 16x16 f32 at s_s[o], rows SP apart.
+// 16x16 f32 at tiles.s[o], rows SP apart.
 fn store_c(c: MatC, o: u32) {
     let at = o;
-    coopStoreT(c, &s_s[at], SP);
+    coopStoreT(c, &tiles.s[at], SP);
 }
 
 fn load_c(o: u32) -> MatC {
     let at = o;
-    return coopLoadT<MatC>(&s_s[at], SP);
+    return coopLoadT<MatC>(&tiles.s[at], SP);
 }
 #else
 // Emulated matrices, as seen by one lane of a virtual subgroup: the lane's accumulator elements
@@ -190,7 +196,7 @@ fn load_q_a(o: u32) -> MatA {
     var a: MatA;
     let row = o + (em_lane / 2u) * QP;
     for (var kk = 0u; kk < 16u; kk++) {
-        a.v[kk] = f32(q_s[row + kk / 4u][kk % 4u]);
+        a.v[kk] = f32(tiles.q[row + kk / 4u][kk % 4u]);
     }
     return a;
 }
@@ -199,7 +205,7 @@ fn load_p_a(o: u32) -> MatA {
     var a: MatA;
     let row = o + (em_lane / 2u) * PP;
     for (var kk = 0u; kk < 16u; kk++) {
-        a.v[kk] = f32(kp_s[row + kk / 4u][kk % 4u]);
+        a.v[kk] = f32(tiles.kp[row + kk / 4u][kk % 4u]);
     }
     return a;
 }
@@ -209,7 +215,7 @@ fn load_k_b(o: u32) -> MatB {
     let c0 = (em_lane % 2u) * 8u;
     for (var kk = 0u; kk < 16u; kk++) {
         for (var c = 0u; c < 8u; c++) {
-            b.v[kk * 8u + c] = f32(kp_s[o + (c0 + c) * QP + kk / 4u][kk % 4u]);
+            b.v[kk * 8u + c] = f32(tiles.kp[o + (c0 + c) * QP + kk / 4u][kk % 4u]);
         }
     }
     return b;
@@ -221,7 +227,7 @@ fn load_v_b(o: u32) -> MatB {
     for (var kk = 0u; kk < 16u; kk++) {
         for (var c = 0u; c < 8u; c++) {
             let n = c0 + c;
-            b.v[kk * 8u + c] = f32(v_s[o + kk * QP + n / 4u][n % 4u]);
+            b.v[kk * 8u + c] = f32(tiles.v[o + kk * QP + n / 4u][n % 4u]);
         }
     }
     return b;
@@ -242,7 +248,7 @@ fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
 fn store_c(c: MatC, o: u32) {
     let at = o + (em_lane / 2u) * SP + (em_lane % 2u) * 8u;
     for (var j = 0u; j < 8u; j++) {
-        s_s[at + j] = c.v[j];
+        tiles.s[at + j] = c.v[j];
     }
 }
 
@@ -250,7 +256,7 @@ fn load_c(o: u32) -> MatC {
     var c: MatC;
     let at = o + (em_lane / 2u) * SP + (em_lane % 2u) * 8u;
     for (var j = 0u; j < 8u; j++) {
-        c.v[j] = s_s[at + j];
+        c.v[j] = tiles.s[at + j];
     }
     return c;
 }
@@ -269,24 +275,24 @@ fn partner(x: f32, role: u32) -> f32 {
 #endif
 }
 
-// Multiplies columns [0, 16 n) of my row of s_s by a (the two lanes of a row split the vec4s).
+// Multiplies columns [0, 16 n) of my row of tiles.s by a (the two lanes of a row split the vec4s).
 fn scale_row(srow: u32, h: u32, n: u32, a: f32) {
     for (var c = 4u * h; c < 16u * n; c += 8u) {
         let o = srow + c;
-        s_s[o] *= a;
-        s_s[o + 1u] *= a;
-        s_s[o + 2u] *= a;
-        s_s[o + 3u] *= a;
+        tiles.s[o] *= a;
+        tiles.s[o + 1u] *= a;
+        tiles.s[o + 2u] *= a;
+        tiles.s[o + 3u] *= a;
     }
 }
 
-// Writes columns c0 + [0, 16 n) of my row (those below D) from s_s, times inv.
+// Writes columns c0 + [0, 16 n) of my row (those below D) from tiles.s, times inv.
 fn write_row(srow: u32, h: u32, n: u32, c0: u32, o_row: u32, inv: f32) {
     for (var c = 4u * h; c < 16u * n; c += 8u) {
         let col = c0 + c;
         if col < D {
             let o = srow + c;
-            store_out(o_row + col, vec4<f32>(s_s[o], s_s[o + 1u], s_s[o + 2u], s_s[o + 3u]) * inv);
+            store_out(o_row + col, vec4<f32>(tiles.s[o], tiles.s[o + 1u], tiles.s[o + 2u], tiles.s[o + 3u]) * inv);
         }
     }
 }
@@ -370,7 +376,7 @@ fn attention_coop(
         if qr < p.rows && c < DC {
             x = load_q(p.off_q + q_base + ((qr / G) * p.hq + qr % G) * D + c * 4u);
         }
-        q_s[rr * QP + c] = x;
+        tiles.q[rr * QP + c] = x;
     }
     if lid == 0u {
         atomicStore(&rescales, 0u);
@@ -392,8 +398,8 @@ fn attention_coop(
         for (var i = 0u; i < LOADS; i++) {
             let e = lid + i * WG;
             if e < BK * DPC {
-                kp_s[(e / DPC) * QP + e % DPC] = kr[i];
-                v_s[(e / DPC) * QP + e % DPC] = vr[i];
+                tiles.kp[(e / DPC) * QP + e % DPC] = kr[i];
+                tiles.v[(e / DPC) * QP + e % DPC] = vr[i];
             }
         }
         workgroupBarrier();
@@ -402,7 +408,7 @@ fn attention_coop(
             fetch_kv(&kr, &vr, lid, k0n, kv_len, kv_base);
         }
 
-        // S = Q K^T for my subgroup's 16 rows, to s_s.
+        // S = Q K^T for my subgroup's 16 rows, to tiles.s.
 {{S_BODY}}
         workgroupBarrier();
 
@@ -411,7 +417,7 @@ fn attention_coop(
         for (var c = 4u * h; c < BK; c += 8u) {
             for (var e = 0u; e < 4u; e++) {
                 if k0 + c + e < lim {
-                    mx = max(mx, s_s[srow + c + e] * p.scale);
+                    mx = max(mx, tiles.s[srow + c + e] * p.scale);
                 }
             }
         }
@@ -432,16 +438,16 @@ fn attention_coop(
             var pv = vec4<f32>(0.0);
             for (var e = 0u; e < 4u; e++) {
                 if k0 + c + e < lim {
-                    pv[e] = exp(s_s[srow + c + e] * p.scale - m);
+                    pv[e] = exp(tiles.s[srow + c + e] * p.scale - m);
                 }
             }
             let ph = vec4<f16>(pv);
             // The sum of what P V will multiply: the rounded probabilities.
             sum += dot(vec4<f32>(ph), vec4<f32>(1.0));
-            kp_s[prow + c / 4u] = ph;
+            tiles.kp[prow + c / 4u] = ph;
         }
         l = l * alpha + sum;
-        // Also the barrier before P is read and s_s reused.
+        // Also the barrier before P is read and tiles.s reused.
         let total = workgroupUniformLoad(&rescales);
         if total != seen {
             seen = total;

@@ -44,7 +44,7 @@ impl CoopTile {
         padded_dim(d) / 4 + 2
     }
 
-    /// Length (vec4<f16>) of the array shared by the K tile and the probabilities.
+    /// Length (vec4<f16>) of `tiles.kp`, shared by the K tile and the probabilities.
     fn kp_s(&self, d: usize) -> usize {
         (self.keys * self.qp(d)).max(self.query_rows() * (self.keys / 4 + 2))
     }
@@ -214,7 +214,7 @@ fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
             .collect();
         format!("{{ let a = load_p_a(w * 16u * PP + {}u);{mmas} }}", 4 * kk)
     });
-    // Round trips through s_s, nk accumulators (16 nk <= BK columns) at a time.
+    // Round trips through tiles.s, nk accumulators (16 nk <= BK columns) at a time.
     let chunks: Vec<(usize, usize)> = (0..nd)
         .step_by(nk)
         .map(|c0| (c0, nk.min(nd - c0)))
