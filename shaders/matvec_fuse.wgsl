@@ -332,6 +332,16 @@ fn write_out(row: u32, b: u32, r: Red) {
     out[tensor_base(3u) + o] = {{TO}}(v);
 }
 
+#if PAIRS
+// The paired-row epilogues (GLU, ROPE below) keep each of the workgroup's RPW row values in workgroup
+// memory (pair_keep, from the team that reduced the row); pair_finish combines the pairs.
+var<workgroup> pair_s: array<f32, RPW>;
+
+fn pair_keep(rr: u32, row: u32, r: Red) {
+    pair_s[rr] = out_value(row, 0u, r);
+}
+#endif
+
 #if GLU
 // GLU epilogue (one batch row, one weight shard): w stacks gate rows [0, N) over up rows [N, 2N) and
 // out[j] = silu(gate_j) * up_j, so the down projection reads the activation directly (no SwiGLU
@@ -340,17 +350,11 @@ fn write_out(row: u32, b: u32, r: Red) {
 // j0 = first / 2 (first: the workgroup's first row as the kernel counts them, RPW per workgroup).
 // Each row's value goes through workgroup memory; pair_finish (in uniform control flow, after every
 // row) multiplies the pairs.
-var<workgroup> pair_s: array<f32, RPW>;
-
 // The weight row of the workgroup's row rr.
 fn pair_row(first: u32, rr: u32) -> u32 {
     let half = RPW / 2u;
     let j = first / 2u + rr % half;
     return select(j, p.rows / 2u + j, rr >= half);
-}
-
-fn pair_keep(rr: u32, row: u32, r: Red) {
-    pair_s[rr] = out_value(row, 0u, r);
 }
 
 fn pair_finish(first: u32, lid: u32) {
@@ -369,8 +373,7 @@ fn pair_finish(first: u32, lid: u32) {
 // [(hq + 2 hkv) hd] (q heads, k heads, v heads), and instead of the product the kernel writes what
 // qkv_rope.wgsl would make of it: q rotated into out ([hq, hd]), k rotated and v copied into this
 // step's rows of the KV cache ([max_ctx, hkv, hd] each; the token's position is step[1]). Rotary pairs
-// are counted head by head, hd / 2 per head: pair i < rot / 2 is dims (2i, 2i + 1) with INTERLEAVED,
-// else (i, i + rot / 2); pairs past rot / 2 are the pass-through dims two at a time. A workgroup of
+// are counted head by head, hd / 2 per head, their dims from rope_dims (rope_angle.wgsl). A workgroup of
 // RPW rows covers RPW / 2 pairs, first / 2 onwards: its rows rr < RPW / 2 are the pairs' first dims,
 // the others their second. Each row's value goes through workgroup memory; pair_finish (in uniform
 // control flow, after every row) rotates the pairs and stores them. Angles: rope_angle.wgsl
@@ -383,32 +386,12 @@ const KC_B = {{KC_B}}u;
 const VC_B = {{VC_B}}u;
 const STEP_B = {{STEP_B}}u;
 const TURNS_B = {{TURNS_B}}u;
-var<workgroup> pair_s: array<f32, RPW>;
-
-// Dims (within a head) of rotary pair i.
-fn rope_dims(i: u32) -> vec2<u32> {
-    let half_rot = p.rot / 2u;
-    if i >= half_rot {
-        let j = p.rot + 2u * (i - half_rot);
-        return vec2<u32>(j, j + 1u);
-    }
-#if INTERLEAVED
-    return vec2<u32>(2u * i, 2u * i + 1u);
-#else
-    return vec2<u32>(i, i + half_rot);
-#endif
-}
-
 // The weight row of the workgroup's row rr.
 fn pair_row(first: u32, rr: u32) -> u32 {
     let half = RPW / 2u;
     let pr = first / 2u + rr % half;
-    let e = rope_dims(pr % (p.hd / 2u));
+    let e = rope_dims(pr % (p.hd / 2u), p.rot);
     return (pr / (p.hd / 2u)) * p.hd + select(e.x, e.y, rr >= half);
-}
-
-fn pair_keep(rr: u32, row: u32, r: Red) {
-    pair_s[rr] = out_value(row, 0u, r);
 }
 
 fn pair_finish(first: u32, lid: u32) {
@@ -422,7 +405,7 @@ fn pair_finish(first: u32, lid: u32) {
     if lid >= half || h >= p.hq + 2u * p.hkv || pos >= p.max_ctx {
         return;
     }
-    let e = rope_dims(i);
+    let e = rope_dims(i, p.rot);
     var a = pair_s[lid];
     var b = pair_s[lid + half];
     if h < p.hq + p.hkv && i < p.rot / 2u {

@@ -24,15 +24,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read> step: array<u32>;
 @group(0) @binding(6) var<storage, read> tab: array<vec2<f32>>; // [rot/2] turns, scaling folded in
 
-// Element indices of the two members of rotary pair i within a head.
-fn pair(i: u32) -> vec2<u32> {
-#if INTERLEAVED
-    return vec2<u32>(2u * i, 2u * i + 1u);
-#else
-    return vec2<u32>(i, i + p.rot / 2u);
-#endif
-}
-
 // One invocation per (token, head, pair of dims).
 @compute @workgroup_size(64)
 fn qkv_rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -50,13 +41,11 @@ fn qkv_rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         return; // the host checks lengths; never write outside the cache
     }
     let src = p.off_qkv + t * heads * p.d + h * p.d;
-    // Pairs past rot/2 copy the pass-through dims rot..d two at a time.
-    let j = p.rot + 2u * (i - min(i, p.rot / 2u));
-    var e = vec2<u32>(j, j + 1u);
+    // Pairs past rot/2 copy the pass-through dims (rope_dims, rope_angle.wgsl).
+    let e = rope_dims(i, p.rot);
     var c = 1.0;
     var s = 0.0;
     if i < p.rot / 2u {
-        e = pair(i);
         let cs = cos_sin_at(pos, tab[p.off_tab / 2u + i]);
         c = cs.x;
         s = cs.y;

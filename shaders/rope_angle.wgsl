@@ -1,5 +1,5 @@
-// Accurate rotary angles, shared by the RoPE kernels (appended to rope.wgsl, qkv_rope.wgsl and the
-// matrix-vector kernels' RoPE epilogue in matvec_fuse.wgsl).
+// Accurate rotary angles, and which dims a rotary pair takes, shared by the RoPE kernels (appended to
+// rope.wgsl, qkv_rope.wgsl and the matrix-vector kernels' RoPE epilogue in matvec_fuse.wgsl).
 //
 // cos/sin of pos * freq stay accurate to ~1e-6 at any position below 2^24, where a plain f32 angle is
 // off by up to half an ulp of 32768 (2e-3 rad) and GPU sin/cos lose accuracy far from 0. The host
@@ -49,4 +49,20 @@ fn cos_sin_at(ps: u32, g: vec2<f32>) -> vec2<f32> {
     t = wrap(t + wrap(p0 * b));
     t = wrap(t + wrap(f32(ps) * g.y));
     return cos_sin_turns(t);
+}
+
+// Dims (within a head) of pair i with `rot` rotary dims: pair i < rot / 2 is (2i, 2i + 1) with
+// INTERLEAVED (GGUF llama weights), else (i, i + rot / 2) (Hugging Face checkpoints); pairs past rot / 2
+// are the pass-through dims rot.. two at a time.
+fn rope_dims(i: u32, rot: u32) -> vec2<u32> {
+    let half_rot = rot / 2u;
+    if i >= half_rot {
+        let j = rot + 2u * (i - half_rot);
+        return vec2<u32>(j, j + 1u);
+    }
+#if INTERLEAVED
+    return vec2<u32>(2u * i, 2u * i + 1u);
+#else
+    return vec2<u32>(i, i + half_rot);
+#endif
 }

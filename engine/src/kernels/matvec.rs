@@ -33,7 +33,7 @@ pub const MATVEC_SRC: &str = concat!(
 pub const MAX_BATCH: usize = 8;
 
 /// Rows of `w` per workgroup (fixed in `shaders/matvec.wgsl`).
-const ROWS_PER_WORKGROUP: usize = 8;
+pub(crate) const ROWS_PER_WORKGROUP: usize = 8;
 
 /// How the per-row partial sums are combined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -211,12 +211,10 @@ pub fn matvec_shards(
             n as u32,
             sh.row_start as u32,
             fusion.eps.to_bits(),
-            fusion.rope_params[0],
-            fusion.rope_params[1],
-            fusion.rope_params[2],
-            fusion.rope_params[3],
-            fusion.rope_params[4],
-        ];
+        ]
+        .into_iter()
+        .chain(fusion.rope_params)
+        .collect::<Vec<_>>();
         let mut tensors = vec![w, x, out];
         tensors.extend(&fusion.tensors);
         let cost = matvec_cost(w.byte_len(), batch, rows, k, x, out, opts);
@@ -250,7 +248,7 @@ pub(crate) fn check_io(
         out.rank() == x.rank() && out.dim(-1) == on && (out.rank() == 1 || out.shape[0] == batch);
     if let Some(to) = &opts.rope {
         if batch != 1
-            || !n.is_multiple_of(8)
+            || !n.is_multiple_of(ROWS_PER_WORKGROUP)
             || opts.bias.is_some()
             || opts.swiglu
             || opts.glu
@@ -265,7 +263,12 @@ pub(crate) fn check_io(
         to.check(what, n, out)?;
         out_ok = true;
     }
-    if opts.glu && (batch != 1 || !n.is_multiple_of(8) || opts.swiglu || opts.residual.is_some()) {
+    if opts.glu
+        && (batch != 1
+            || !n.is_multiple_of(ROWS_PER_WORKGROUP)
+            || opts.swiglu
+            || opts.residual.is_some())
+    {
         return Err(shape_err!(
             "{what}: the GLU epilogue takes one activation row, 2N weight rows with N a multiple of 4, and no SwiGLU prologue or residual (w [{n}, {k}], x {:?})",
             x.shape
@@ -397,8 +400,6 @@ impl<'a> Fusion<'a> {
             f.suffix += "_res";
         }
         if let Some(to) = &opts.rope {
-            let d = out.dim(-1);
-            let max_ctx = to.k_cache.numel() / (to.hkv * d).max(1);
             let interleaved = to.pairs == RopePairs::Interleaved;
             f.defines.extend([
                 ("KC_B", next(&f)),
@@ -412,7 +413,7 @@ impl<'a> Fusion<'a> {
             f.tensors.push(to.step);
             f.defines.push(("TURNS_B", next(&f)));
             f.tensors.push(to.turns);
-            f.rope_params = [to.hq, to.hkv, d, to.turns.numel(), max_ctx].map(|v| v as u32);
+            f.rope_params = to.params(out);
             f.suffix += if interleaved { "_rope" } else { "_ropehalf" };
         }
         Ok(f)

@@ -59,6 +59,17 @@ pub(crate) struct QkvShape {
 }
 
 impl QkvTargets<'_> {
+    /// Rows of each cache for heads of `d`.
+    fn max_ctx(&self, d: usize) -> usize {
+        self.k_cache.numel() / (self.hkv * d).max(1)
+    }
+
+    /// hq, hkv, d, rotary dims and cache rows, as the kernels' params take them (q_out `[.., d]`).
+    pub(crate) fn params(&self, q_out: &Tensor) -> [u32; 5] {
+        let d = q_out.dim(-1);
+        [self.hq, self.hkv, d, self.turns.numel(), self.max_ctx(d)].map(|v| v as u32)
+    }
+
     /// Checks the targets against `qkv_elems` elements of projections and `q_out` (`[T, hq, d]`;
     /// d from its last dim).
     pub(crate) fn check(&self, what: &str, qkv_elems: usize, q_out: &Tensor) -> Result<QkvShape> {
@@ -66,7 +77,7 @@ impl QkvTargets<'_> {
         let heads = self.hq + 2 * self.hkv;
         let t = qkv_elems / (heads * d).max(1);
         let rot = self.turns.numel();
-        let max_ctx = self.k_cache.numel() / (self.hkv * d).max(1);
+        let max_ctx = self.max_ctx(d);
         if qkv_elems != t * heads * d
             || q_out.numel() != t * self.hq * d
             || self.v_cache.numel() != self.k_cache.numel()

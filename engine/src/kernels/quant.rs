@@ -14,7 +14,8 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
 use crate::kernels::matvec::{
-    Fusion, MatvecOptions, Stage, check_io, choose_reduction, matvec, matvec_cost,
+    Fusion, MatvecOptions, ROWS_PER_WORKGROUP, Stage, check_io, choose_reduction, matvec,
+    matvec_cost,
 };
 use crate::kernels::{KernelSpec, grid, quant_dp4a};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
@@ -222,15 +223,27 @@ pub fn paired_epilogue_fits(gpu: &Gpu, w: &Tensor) -> bool {
     };
     let limit = gpu.caps.max_storage_binding;
     if !w.dtype.is_quantized() {
-        return rows.is_multiple_of(8) && w.binding(limit).is_ok();
+        return rows.is_multiple_of(ROWS_PER_WORKGROUP) && w.binding(limit).is_ok();
     }
     let t = QuantTuning::default();
-    let rows_per_group =
-        TEAMS * t.rows_per_team as usize * quant_dp4a::row_groups(t.row_groups) as usize;
     t.dp4a
         && quant_dp4a::eligible(gpu, w.dtype, 1, k, gpu.caps.subgroup)
-        && rows.is_multiple_of(rows_per_group)
+        && rows.is_multiple_of(rows_per_workgroup(&t, true))
         && word_view(w).is_ok_and(|(v, _)| v.binding(limit.min(MAX_SHARD_BYTES)).is_ok())
+}
+
+/// Row groups per workgroup: the integer-dot-product kernel's (see [`quant_dp4a::row_groups`]), else 1.
+fn row_groups(tuning: &QuantTuning, dp4a: bool) -> u32 {
+    if dp4a {
+        quant_dp4a::row_groups(tuning.row_groups)
+    } else {
+        1
+    }
+}
+
+/// Weight rows a workgroup covers: TEAMS teams of the tuning's rows, times the row groups.
+fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool) -> usize {
+    TEAMS * tuning.rows_per_team as usize * row_groups(tuning, dp4a) as usize
 }
 
 /// Whether [`matvec_quant_tuned`] runs the integer-dot-product kernel for these arguments (x then
@@ -327,15 +340,10 @@ pub fn matvec_quant_shards_tuned(
     };
     let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
     // Row groups per workgroup (the float kernel has one).
-    let rg = if dp4a {
-        quant_dp4a::row_groups(tuning.row_groups)
-    } else {
-        1
-    };
     let r = tuning.rows_per_team as usize;
     // The paired-row epilogues pair up a workgroup's rows: the integer-dot-product kernel's, in one
     // shard of whole workgroups.
-    let rows_per_group = TEAMS * r * rg as usize;
+    let rows_per_group = rows_per_workgroup(&tuning, dp4a);
     if (opts.glu || opts.rope.is_some())
         && (!dp4a || shards.len() > 1 || !n.is_multiple_of(rows_per_group))
     {
@@ -382,7 +390,12 @@ pub fn matvec_quant_shards_tuned(
         // The dp4a kernel stages its own (int8) input.
         let spec = if dp4a {
             let bu = quant_dp4a::blocks_in_flight(tuning.chunks_per_step);
-            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, rg, bu)
+            quant_dp4a::spec(
+                format!("{name}{red}_dp4a"),
+                k,
+                row_groups(&tuning, true),
+                bu,
+            )
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -419,12 +432,10 @@ pub fn matvec_quant_shards_tuned(
             row_bytes as u32,
             (k / 32) as u32,
             fusion.eps.to_bits(),
-            fusion.rope_params[0],
-            fusion.rope_params[1],
-            fusion.rope_params[2],
-            fusion.rope_params[3],
-            fusion.rope_params[4],
-        ];
+        ]
+        .into_iter()
+        .chain(fusion.rope_params)
+        .collect::<Vec<_>>();
         let mut tensors = vec![&wv, x, out];
         tensors.extend(&fusion.tensors);
         let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts);

@@ -7,7 +7,7 @@
 //! Every cache row but the step's must stay as poisoned, and nothing outside q may be written.
 
 use super::matvec::{Fuse, FuseTensors, fused_atol};
-use super::quant::{int8_input_error, random_blocks};
+use super::quant::{int8_input_error, random_blocks, upload_weight};
 use super::softmax::guard;
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
@@ -366,14 +366,7 @@ fn check_epilogue(
     let n = s.rows();
     let (w, wv) = if w_dtype.is_quantized() {
         let bytes = random_blocks(rng, w_dtype, n * k / w_dtype.block_elems());
-        let w = gpu.tensor_from_bytes(
-            "w",
-            &[n, k],
-            w_dtype,
-            Layout::Blocks,
-            &bytes,
-            Category::Weights,
-        )?;
+        let w = upload_weight(gpu, w_dtype, &bytes, 0, n, k)?;
         (w, dequantize(w_dtype, &bytes))
     } else {
         let wv = random(rng, n * k, -1.0, 1.0, w_dtype);

@@ -357,7 +357,7 @@ fn staged_cases(gpu: &Gpu, dtype: DType, sg: MatvecVariant) -> Vec<Case> {
 }
 
 /// Uploads `bytes` (`[rows_before + n, k]` blocks) and returns the view of the last `n` rows.
-fn upload_weight(
+pub(crate) fn upload_weight(
     gpu: &Gpu,
     dtype: DType,
     bytes: &[u8],
