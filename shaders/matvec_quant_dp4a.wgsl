@@ -17,8 +17,8 @@
 // Q4_1: w = d q + m;               sum w x = dw dx S + m sx
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
-// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, BU2
-// (two blocks per row in flight per lane), XV4 and
+// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, BU
+// (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
 // holds, >= K / 32).
@@ -27,6 +27,11 @@
 
 const NB = 1u;
 const R = {{R}}u;
+// Blocks per row a lane loads before using any (1, 2 or 4), and whether the first step's loads are
+// issued before the pre-pass (PF).
+const BU = {{BU}}u;
+const RBU = R * BU;
+const PF = {{PF}}u;
 const WG = 256u;
 const TEAMS = 8u;
 // Row groups per workgroup: each team takes RG groups of R rows, so the pre-pass is shared by
@@ -148,6 +153,18 @@ fn matvec(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
 ) {
+    let wg_first = (wid.x + wid.y * nwg.x) * RPW;
+    // A step's weight blocks: R rows x BU blocks per lane, all loaded before any is used.
+    var wv: array<Raw, RBU>;
+    var rb: array<u32, R>;
+#if PF
+    // The first step's loads go out before the pre-pass, so DRAM latency overlaps it.
+    if sg < TEAMS * RG && wg_first + sg * R < p.rows {
+        row_bases(&rb, wg_first, sg);
+        load_step(&wv, &rb, lane, sgs);
+    }
+#endif
+
     // 1. The input row, quantized once per workgroup (and, with NORM, its sum of squares).
     fuse_begin_row();
     for (var c = lid; c < p.nchunks; c += WG) {
@@ -167,39 +184,31 @@ fn matvec(
     }
 #endif
 
-    // 2. Teams of R rows; lanes stride over the blocks.
-    let wg_first = (wid.x + wid.y * nwg.x) * RPW;
+    // 2. Teams of R rows; lanes stride over the blocks, BU blocks per row at a time.
+    var loaded = PF == 1u;
     for (var g = sg; g < TEAMS * RG; g += nsg) {
         let first = wg_first + g * R;
         if first >= p.rows {
             break;
         }
-        var rb: array<u32, R>;
-        for (var r = 0u; r < R; r++) {
-            rb[r] = tensor_base(1u) * 4u + p.wbyte + weight_row(wg_first, g * R + r) * p.row_bytes;
-        }
+        // Only the team's first group was prefetched.
+        let prefetched = loaded;
+        loaded = false;
+        row_bases(&rb, wg_first, g);
         var acc: array<f32, R>;
-        var c = lane;
-#if BU2
-        // Two blocks per row in flight per lane: the loads of both are issued before either is used.
-        for (; c + sgs < p.nchunks; c += 2u * sgs) {
-            let c1 = c + sgs;
-            let x0 = x_block(c);
-            let x1 = x_block(c1);
-            let dx0 = xd[c];
-            let dx1 = xd[c1];
-            for (var r = 0u; r < R; r++) {
-                let w0 = load(rb[r], c);
-                let w1 = load(rb[r], c1);
-                acc[r] += block_dot(w0, x0, dx0) + block_dot(w1, x1, dx1);
+        for (var c = lane; c < p.nchunks; c += BU * sgs) {
+            if !(prefetched && c == lane) {
+                load_step(&wv, &rb, c, sgs);
             }
-        }
-#endif
-        for (; c < p.nchunks; c += sgs) {
-            let x = x_block(c);
-            let dx = xd[c];
-            for (var r = 0u; r < R; r++) {
-                acc[r] += block_dot(load(rb[r], c), x, dx);
+            for (var u = 0u; u < BU; u++) {
+                let cu = c + u * sgs;
+                if cu < p.nchunks {
+                    let x = x_block(cu);
+                    let dx = xd[cu];
+                    for (var r = 0u; r < R; r++) {
+                        acc[r] += block_dot(wv[r * BU + u], x, dx);
+                    }
+                }
             }
         }
         for (var r = 0u; r < R; r++) {
@@ -222,6 +231,25 @@ fn matvec(
 #if PAIRS
     pair_finish(wg_first, lid);
 #endif
+}
+
+// Byte offsets of the R weight rows of row group g.
+fn row_bases(rb: ptr<function, array<u32, R>>, wg_first: u32, g: u32) {
+    for (var r = 0u; r < R; r++) {
+        (*rb)[r] = tensor_base(1u) * 4u + p.wbyte + weight_row(wg_first, g * R + r) * p.row_bytes;
+    }
+}
+
+// The raw blocks c, c + sgs, ... (BU of them, those inside the row) of each of the R rows.
+fn load_step(wv: ptr<function, array<Raw, RBU>>, rb: ptr<function, array<u32, R>>, c: u32, sgs: u32) {
+    for (var u = 0u; u < BU; u++) {
+        let cu = c + u * sgs;
+        if cu < p.nchunks {
+            for (var r = 0u; r < R; r++) {
+                (*wv)[r * BU + u] = load((*rb)[r], cu);
+            }
+        }
+    }
 }
 
 // The weight row of the workgroup's row rr (rows past the end clamp to the last).

@@ -85,8 +85,8 @@ pub struct QuantTuning {
     pub rows_per_team: u32,
     /// 32-element chunks per row a lane loads (as raw words) before decoding any: 1, 2 or 4, or 0 for
     /// the default (4 for the 32-element block types, 2 for the K-quants, whose chunks take 14 to 23
-    /// words of registers; 1 on CPU devices). The integer-dot-product kernel takes 1 or 2 (more count
-    /// as 2) and defaults to 1 (see [`quant_dp4a::blocks_in_flight`]).
+    /// words of registers; 1 on CPU devices). The integer-dot-product kernel takes 1, 2 or 4 and
+    /// defaults to 1 (see [`quant_dp4a::blocks_in_flight`]).
     pub chunks_per_step: u32,
     /// Compile without runtime bounds checks ([`KernelSpec::trusted`]): every index the kernels form
     /// is in range for the shapes the builders validate (the decoders never read past a field's last
@@ -98,6 +98,9 @@ pub struct QuantTuning {
     /// Integer-dot-product kernel: row groups per workgroup (0 = automatic, see
     /// [`quant_dp4a::row_groups`]).
     pub row_groups: u32,
+    /// Integer-dot-product kernel: issue the first weight loads before the input's pre-pass, so
+    /// their latency overlaps it.
+    pub prefetch: bool,
 }
 
 impl Default for QuantTuning {
@@ -110,6 +113,29 @@ impl Default for QuantTuning {
             trusted: true,
             dp4a: std::env::var_os("DRIFT_DP4A").is_none_or(|v| v != "0"),
             row_groups: 0,
+            prefetch: false,
+        }
+        .with_env_override()
+    }
+}
+
+impl QuantTuning {
+    /// `DRIFT_DP4A_TUNE=R,RG,BU,PF` (rows per team, row groups, blocks in flight, prefetch 0/1)
+    /// replaces the integer-dot-product kernel's defaults: for A/B runs of whole models with one binary.
+    fn with_env_override(self) -> Self {
+        let Ok(v) = std::env::var("DRIFT_DP4A_TUNE") else {
+            return self;
+        };
+        let f: Vec<u32> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+        match f[..] {
+            [r, rg, bu, pf] => QuantTuning {
+                rows_per_team: r,
+                row_groups: rg,
+                chunks_per_step: bu,
+                prefetch: pf == 1,
+                ..self
+            },
+            _ => self,
         }
     }
 }
@@ -395,6 +421,7 @@ pub fn matvec_quant_shards_tuned(
                 k,
                 row_groups(&tuning, true),
                 bu,
+                tuning.prefetch,
             )
         } else {
             KernelSpec::new(

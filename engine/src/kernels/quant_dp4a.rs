@@ -58,20 +58,27 @@ pub(crate) fn row_groups(requested: u32) -> u32 {
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
 /// rows per team, x vector access and the fusion defines).
-pub(crate) fn spec(name: String, k: usize, row_groups: u32, blocks: u32) -> KernelSpec {
+pub(crate) fn spec(
+    name: String,
+    k: usize,
+    row_groups: u32,
+    blocks: u32,
+    prefetch: bool,
+) -> KernelSpec {
     KernelSpec::new(name, SOURCE, "matvec")
         .define("MAXB", max_blocks(k))
         .define("RG", row_groups)
-        .define("BU2", u8::from(blocks >= 2))
+        .define("BU", blocks)
+        .define("PF", u8::from(prefetch))
 }
 
-/// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 2 at most. Two
+/// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 1, 2 or 4. Two
 /// gained little alone on the H200 (Q4_0 14336x4096 at 2 x 2 rows: 24.9 -> 24.4 us) and lost in the
 /// fused 8B model (244 -> 238.5 tok/s), so they are a tuning option (`--filter dp4asweep`).
 pub(crate) fn blocks_in_flight(requested: u32) -> u32 {
     match requested {
         0 => 1,
-        u => u.min(2),
+        u => u.min(4),
     }
 }
 

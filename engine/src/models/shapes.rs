@@ -42,22 +42,43 @@ pub struct RandomWeights {
 }
 
 impl RandomWeights {
-    /// Values for a tensor of `shape`; norm weights hover around 1.
+    /// Values for a tensor of `shape`; norm weights hover around 1. Generated in chunks of 2^20 with
+    /// their own streams, over the CPU's cores (an 8B model is 8G values).
     pub fn values(&self, name: &str, n: usize) -> Vec<f32> {
-        let mut s = self.seed
+        const CHUNK: usize = 1 << 20;
+        let seed = self.seed
             ^ name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
                 (h ^ b as u64).wrapping_mul(0x100000001b3)
             });
         let norm = name.contains("norm");
-        (0..n)
-            .map(|_| {
+        let fill = |i: usize, out: &mut [f32]| {
+            // A nonzero, chunk-dependent xorshift state.
+            let mut s = (seed ^ (i as u64).wrapping_mul(0x9E3779B97F4A7C15)) | 1;
+            for v in out {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
                 let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5; // [-0.5, 0.5)
-                if norm { 1.0 + 0.1 * u } else { 0.07 * u }
-            })
-            .collect()
+                *v = if norm { 1.0 + 0.1 * u } else { 0.07 * u };
+            }
+        };
+        let mut out = vec![0.0f32; n];
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(CHUNK).enumerate().collect();
+        let per = chunks.len().div_ceil(threads).max(1);
+        let mut chunks = chunks;
+        std::thread::scope(|s| {
+            while !chunks.is_empty() {
+                let rest = chunks.split_off(per.min(chunks.len()));
+                let mine = std::mem::replace(&mut chunks, rest);
+                s.spawn(move || {
+                    for (i, c) in mine {
+                        fill(i, c);
+                    }
+                });
+            }
+        });
+        out
     }
 }
 

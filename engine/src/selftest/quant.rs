@@ -157,6 +157,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     trusted: dtype != DType::Q4_0,
                     dp4a: true,
                     row_groups: 1,
+                    prefetch: false,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },
@@ -223,6 +224,9 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         }
         if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) && gpu.caps.subgroup {
             out.push(check_matvec(gpu, rng, &glu_case(gpu, dtype, k))?);
+            for c in dp4a_tuning_cases(gpu, dtype) {
+                out.push(check_matvec(gpu, rng, &c)?);
+            }
         }
         if matches!(dtype, DType::Q4_0 | DType::Q4K) {
             for c in staged_cases(gpu, dtype, sg) {
@@ -323,6 +327,50 @@ fn glu_case(gpu: &Gpu, dtype: DType, k: usize) -> Case {
         out_dtype: io,
         ..Case::new(dtype, 1, 64, k, MatvecVariant::Auto)
     }
+}
+
+/// The integer-dot-product kernel's loop shapes: 2 and 4 blocks per row in flight, the first step's
+/// loads issued before the pre-pass (prefetch), with K leaving a partial last step (and lanes past the
+/// row's blocks), several row groups per team over a partial last workgroup, rows starting mid-word,
+/// a norm prologue and the GLU epilogue.
+fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
+    let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+    let tune = |r, rg, bu, pf| QuantTuning {
+        rows_per_team: r,
+        row_groups: rg,
+        chunks_per_step: bu,
+        prefetch: pf,
+        ..QuantTuning::default()
+    };
+    // 4 * 32 + 13 blocks: whole steps of 4 x 32 lanes and a remainder; 5 blocks: most lanes idle.
+    let long_k = (4 * 32 + 13) * 32;
+    vec![
+        Case {
+            tuning: tune(2, 2, 4, true),
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(4, 1, 2, true),
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(1, 4, 4, false),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(1, 2, 1, true),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(2, 2, 4, true),
+            ..glu_case(gpu, dtype, long_k)
+        },
+    ]
 }
 
 /// The staged input of the float-decoding kernel (one batch row with a prologue; Q4_0 with the
@@ -451,7 +499,11 @@ fn run_matvec(
         if c.tuning.trusted { "" } else { " checked" },
     );
     if dp4a {
-        name += " dp4a";
+        name += &format!(
+            " dp4a rg{}{}",
+            c.tuning.row_groups,
+            if c.tuning.prefetch { " pf" } else { "" }
+        );
     }
     if c.w_rows_before + c.x_offset > 0 {
         name += &format!(" w@row{} x@{}", c.w_rows_before, c.x_offset);

@@ -317,6 +317,7 @@ fn quant_matvec_bandwidth() {
                         trusted,
                         dp4a: false,
                         row_groups: 0,
+                        prefetch: false,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

@@ -130,6 +130,7 @@ pub fn run_all(
                         trusted,
                         dp4a: false,
                         row_groups: 0,
+                        prefetch: false,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -143,37 +144,56 @@ pub fn run_all(
             }
         }
     }
-    // The integer-dot-product kernel's rows per team and row groups per workgroup ("dp4asweep").
+    // The integer-dot-product kernel's rows per team, row groups per workgroup, blocks in flight and
+    // prefetch ("dp4asweep"). Four weight copies in turn (132 MiB and more, over the H200's 50 MiB of
+    // L2), as in a model, where each weight is read once per token; the figure is per product.
     if filter.is_some_and(|f| f.contains("dp4asweep")) {
+        const COPIES: usize = 4;
         for (dtype, n, k) in [
             (DType::Q4_0, 14336usize, 4096usize),
             (DType::Q4_0, 4096, 14336),
+            (DType::Q4_0, 4096, 4096),
             (DType::Q8_0, 14336, 4096),
         ] {
-            let w = gpu.tensor("w", &[n, k], dtype, Category::Weights)?;
+            let ws = (0..COPIES)
+                .map(|_| gpu.tensor("w", &[n, k], dtype, Category::Weights))
+                .collect::<drift_engine::Result<Vec<_>>>()?;
             let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
             let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-            for (r, rg, u) in [
-                (2, 2, 1),
-                (2, 1, 2),
-                (2, 2, 2),
-                (2, 4, 2),
-                (1, 2, 2),
-                (1, 4, 2),
-                (4, 1, 2),
-                (4, 2, 2),
+            for (r, rg, u, pf) in [
+                (2, 2, 1, false),
+                (2, 2, 1, true),
+                (2, 2, 2, false),
+                (2, 2, 2, true),
+                (2, 1, 4, true),
+                (2, 2, 4, true),
+                (4, 1, 1, true),
+                (4, 1, 2, true),
+                (4, 1, 4, true),
+                (4, 2, 2, true),
+                (1, 4, 4, true),
+                (1, 2, 4, true),
             ] {
                 let tuning = QuantTuning {
                     rows_per_team: r,
                     row_groups: rg,
                     chunks_per_step: u,
+                    prefetch: pf,
                     ..QuantTuning::default()
                 };
-                let name = format!("dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u}");
-                report(bandwidth(
-                    &name,
-                    &matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), tuning)?,
-                )?);
+                let name = format!(
+                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{}",
+                    u8::from(pf)
+                );
+                let mut ds = Vec::new();
+                for w in &ws {
+                    ds.extend(matvec_quant_tuned(gpu, w, &x, &o, &MatvecOptions::default(), tuning)?);
+                }
+                let m = bandwidth(&name, &ds)?;
+                report(Measurement {
+                    time_us: m.time_us / COPIES as f64,
+                    ..m
+                });
             }
         }
     }
