@@ -41,7 +41,11 @@ const RG = {{RG}}u;
 const RPW = TEAMS * R * RG;
 const MAXB = {{MAXB}}u;
 
-// x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql; and (dx, sum x).
+// x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql, and (dx, sum x).
+// Stored word-major (word j of block c at xq[j * MAXB + c]): the lanes of a team read consecutive
+// blocks, so each of their 16 word loads hits 32 different banks. Block-major (16 c + j) made those
+// loads 16-way bank conflicts, which bounded the kernel on the H200 (Q4_0 and Q8_0 took nearly the same
+// time per block).
 var<workgroup> xq: array<u32, MAXB * 16u>;
 var<workgroup> xd: array<vec2<f32>, MAXB>;
 // Per-subgroup partial sums of x^2 (NORM), for up to WG subgroups.
@@ -67,32 +71,33 @@ fn quantize_block(c: u32) {
         max(max(max4(abs(v4)), max4(abs(v5))), max(max4(abs(v6)), max4(abs(v7)))),
     );
     let inv = select(0.0, 127.0 / m, m > 0.0);
-    let o = 16u * c;
-    split(v0 * inv, o);
-    split(v1 * inv, o + 1u);
-    split(v2 * inv, o + 2u);
-    split(v3 * inv, o + 3u);
-    split(v4 * inv, o + 4u);
-    split(v5 * inv, o + 5u);
-    split(v6 * inv, o + 6u);
-    split(v7 * inv, o + 7u);
+    split(v0 * inv, c);
+    split(v1 * inv, c + MAXB);
+    split(v2 * inv, c + 2u * MAXB);
+    split(v3 * inv, c + 3u * MAXB);
+    split(v4 * inv, c + 4u * MAXB);
+    split(v5 * inv, c + 5u * MAXB);
+    split(v6 * inv, c + 6u * MAXB);
+    split(v7 * inv, c + 7u * MAXB);
     let sx = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
     xd[c] = vec2<f32>(m / 127.0, (sx.x + sx.y) + (sx.z + sx.w));
 }
 
-// Four scaled values (|s| <= 127) as qh = round(s) at xq[o] and ql = round((s - qh) 254) at xq[o + 8].
+// Four scaled values (|s| <= 127) as qh = round(s) at xq[o] and ql = round((s - qh) 254) at
+// xq[o + 8 MAXB].
 fn split(s: vec4<f32>, o: u32) {
     let h = round(s);
     xq[o] = pack4xI8(vec4<i32>(h));
-    xq[o + 8u] = pack4xI8(vec4<i32>(round((s - h) * 254.0)));
+    xq[o + 8u * MAXB] = pack4xI8(vec4<i32>(round((s - h) * 254.0)));
 }
 
 // The int8 words of x's block c (qh then ql).
 fn x_block(c: u32) -> array<u32, 16> {
-    let o = 16u * c;
+    let m = MAXB;
     return array<u32, 16>(
-        xq[o], xq[o + 1u], xq[o + 2u], xq[o + 3u], xq[o + 4u], xq[o + 5u], xq[o + 6u], xq[o + 7u],
-        xq[o + 8u], xq[o + 9u], xq[o + 10u], xq[o + 11u], xq[o + 12u], xq[o + 13u], xq[o + 14u], xq[o + 15u],
+        xq[c], xq[c + m], xq[c + 2u * m], xq[c + 3u * m], xq[c + 4u * m], xq[c + 5u * m], xq[c + 6u * m],
+        xq[c + 7u * m], xq[c + 8u * m], xq[c + 9u * m], xq[c + 10u * m], xq[c + 11u * m], xq[c + 12u * m],
+        xq[c + 13u * m], xq[c + 14u * m], xq[c + 15u * m],
     );
 }
 
@@ -159,7 +164,7 @@ fn matvec(
     var rb: array<u32, R>;
 #if PF
     // The first step's loads go out before the pre-pass, so DRAM latency overlaps it.
-    if sg < TEAMS * RG && wg_first + sg * R < p.rows {
+    if sg < TEAMS * RG && wg_first + sg * R < p.rows && lane < p.nchunks {
         row_bases(&rb, wg_first, sg);
         load_step(&wv, &rb, lane, sgs);
     }
@@ -202,7 +207,8 @@ fn matvec(
             }
             for (var u = 0u; u < BU; u++) {
                 let cu = c + u * sgs;
-                if cu < p.nchunks {
+                // Block c itself is inside the row (the loop's condition).
+                if u == 0u || cu < p.nchunks {
                     let x = x_block(cu);
                     let dx = xd[cu];
                     for (var r = 0u; r < R; r++) {
@@ -244,7 +250,7 @@ fn row_bases(rb: ptr<function, array<u32, R>>, wg_first: u32, g: u32) {
 fn load_step(wv: ptr<function, array<Raw, RBU>>, rb: ptr<function, array<u32, R>>, c: u32, sgs: u32) {
     for (var u = 0u; u < BU; u++) {
         let cu = c + u * sgs;
-        if cu < p.nchunks {
+        if u == 0u || cu < p.nchunks {
             for (var r = 0u; r < R; r++) {
                 (*wv)[r * BU + u] = load((*rb)[r], cu);
             }
