@@ -47,13 +47,11 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
-/// transformed and rounded once) is shared by 8 teams x R rows x this many. 2 measured best on the H200
-/// in the fused 8B model (BENCHMARKS.md 2026-11-30): the kernel sweep (`--filter dp4asweep`) found
-/// 4 rows x 1 group with two blocks in flight faster alone (Q4_0 14336x4096 24.9 -> 21.8 us,
-/// 4096x14336 27.1 -> 22.5) but `drift bench llm --shape llama-3.1-8b --quant q4_0` slower with it
-/// (244 -> 230 tok/s).
+/// transformed and rounded once) is shared by 8 teams x R rows x this many. With x's int8 words stored
+/// bank-conflict free, 4 rows x 1 group measured best on the H200 in the fused 8B Q4_0 model
+/// (BENCHMARKS.md, 2026-11-30 fourth session: 301.9 tok/s, 2 x 2 rows 287.4).
 pub(crate) fn row_groups(requested: u32) -> u32 {
-    if requested == 0 { 2 } else { requested }
+    if requested == 0 { 1 } else { requested }
 }
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
