@@ -256,14 +256,14 @@ pub fn paired_epilogue_fits(gpu: &Gpu, w: &Tensor) -> bool {
     let t = QuantTuning::default();
     t.dp4a
         && quant_dp4a::eligible(gpu, w.dtype, 1, k, gpu.caps.subgroup)
-        && rows.is_multiple_of(rows_per_workgroup(&t, true))
+        && rows.is_multiple_of(rows_per_workgroup(&t, true, rows))
         && word_view(w).is_ok_and(|(v, _)| v.binding(limit.min(MAX_SHARD_BYTES)).is_ok())
 }
 
 /// Row groups per workgroup: the integer-dot-product kernel's (see [`quant_dp4a::row_groups`]), else 1.
-fn row_groups(tuning: &QuantTuning, dp4a: bool) -> u32 {
+fn row_groups(tuning: &QuantTuning, dp4a: bool, rows: usize) -> u32 {
     if dp4a {
-        quant_dp4a::row_groups(tuning.row_groups)
+        quant_dp4a::row_groups(tuning.row_groups, rows)
     } else {
         1
     }
@@ -278,9 +278,10 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool) -> u32 {
     }
 }
 
-/// Weight rows a workgroup covers: TEAMS teams of the tuning's rows, times the row groups.
-fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool) -> usize {
-    TEAMS * rows_per_team(tuning, dp4a) as usize * row_groups(tuning, dp4a) as usize
+/// Weight rows a workgroup covers for a product with `rows` rows in all: TEAMS teams of the tuning's
+/// rows, times the row groups.
+fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool, rows: usize) -> usize {
+    TEAMS * rows_per_team(tuning, dp4a) as usize * row_groups(tuning, dp4a, rows) as usize
 }
 
 /// Whether [`matvec_quant_tuned`] runs the integer-dot-product kernel for these arguments (x then
@@ -381,7 +382,7 @@ pub fn matvec_quant_shards_tuned(
     let r = rows_per_team(&tuning, dp4a) as usize;
     // The paired-row epilogues pair up a workgroup's rows: the integer-dot-product kernel's, in one
     // shard of whole workgroups.
-    let rows_per_group = rows_per_workgroup(&tuning, dp4a);
+    let rows_per_group = rows_per_workgroup(&tuning, dp4a, n);
     if (opts.glu || opts.rope.is_some())
         && (!dp4a || shards.len() > 1 || !n.is_multiple_of(rows_per_group))
     {
@@ -431,7 +432,7 @@ pub fn matvec_quant_shards_tuned(
             quant_dp4a::spec(
                 format!("{name}{red}_dp4a"),
                 k,
-                row_groups(&tuning, true),
+                row_groups(&tuning, true, n),
                 bu,
                 tuning.prefetch,
             )

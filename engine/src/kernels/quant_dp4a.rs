@@ -46,12 +46,19 @@ pub const SOURCE: &str = concat!(
     crate::shader!("rope_angle.wgsl"),
 );
 
-/// Row groups per workgroup for `row_groups` = 0 (automatic): the workgroup's pre-pass (x read,
-/// transformed and rounded once) is shared by 8 teams x R rows x this many. With x's int8 words stored
-/// bank-conflict free, 4 rows x 1 group measured best on the H200 in the fused 8B Q4_0 model
-/// (BENCHMARKS.md, 2026-11-30 fourth session: 301.9 tok/s, 2 x 2 rows 287.4).
-pub(crate) fn row_groups(requested: u32) -> u32 {
-    if requested == 0 { 1 } else { requested }
+/// Row groups per workgroup for `row_groups` = 0 (automatic), for a product of `rows` rows: the
+/// workgroup's pre-pass (x read, transformed and rounded once) is shared by 8 teams x R rows x this
+/// many. Sharing it wider pays only while the grid still fills a large GPU: measured on the H200 in the
+/// fused 8B Q4_0 model (BENCHMARKS.md, 2026-11-30 fourth session), 2 groups made the gate-up product
+/// (28672 rows, 448 workgroups; 1128 vs 1297 us per token under the profiler) faster but the 4096-row
+/// products (64 workgroups; 2240 vs 1648 us) slower.
+pub(crate) fn row_groups(requested: u32, rows: usize) -> u32 {
+    match requested {
+        // Whole 64-row workgroups (8 teams x up to 4 rows x 2), as the paired-row epilogues need.
+        0 if rows >= 16384 && rows.is_multiple_of(64) => 2,
+        0 => 1,
+        r => r,
+    }
 }
 
 /// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
