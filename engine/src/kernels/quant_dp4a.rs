@@ -77,9 +77,11 @@ pub(crate) fn spec(
         .define("PF", u8::from(prefetch))
 }
 
-/// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 1, 2 or 4. Two
-/// gained little alone on the H200 (Q4_0 14336x4096 at 2 x 2 rows: 24.9 -> 24.4 us) and lost in the
-/// fused 8B model (244 -> 238.5 tok/s), so they are a tuning option (`--filter dp4asweep`).
+/// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 1, 2 or 4.
+/// More than one, and the prefetch option ([`crate::kernels::quant::QuantTuning::prefetch`]), made the
+/// fused 8B Q4_0 model slower on the H200 (319.0 tok/s with 1 block; 254.4 with 2; 287.4 with 1 and
+/// prefetch; BENCHMARKS.md 2026-11-30 fourth session), so they are tuning options
+/// (`--filter dp4asweep`, `DRIFT_DP4A_TUNE`).
 pub(crate) fn blocks_in_flight(requested: u32) -> u32 {
     match requested {
         0 => 1,
@@ -99,5 +101,15 @@ mod tests {
         assert!(smem_bytes(8192) <= 32 * 1024);
         assert_eq!(max_blocks(576), 64);
         assert_eq!(max_blocks(4096), 128);
+    }
+
+    #[test]
+    fn two_row_groups_only_for_wide_products_of_whole_workgroups() {
+        assert_eq!(row_groups(0, 28672), 2); // Llama 3 8B gate-up
+        assert_eq!(row_groups(0, 16384), 2);
+        assert_eq!(row_groups(0, 6144), 1); // its QKV
+        assert_eq!(row_groups(0, 4096), 1);
+        assert_eq!(row_groups(0, 16384 + 32), 1); // not whole 64-row workgroups
+        assert_eq!(row_groups(3, 4096), 3); // asked for
     }
 }

@@ -332,7 +332,7 @@ fn glu_case(gpu: &Gpu, dtype: DType, k: usize) -> Case {
 /// The integer-dot-product kernel's loop shapes: 2 and 4 blocks per row in flight, the first step's
 /// loads issued before the pre-pass (prefetch), with K leaving a partial last step (and lanes past the
 /// row's blocks), several row groups per team over a partial last workgroup, rows starting mid-word,
-/// a norm prologue and the GLU epilogue.
+/// a norm prologue and the GLU epilogue (also over 64-row workgroups).
 fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
     let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     let tune = |r, rg, bu, pf| QuantTuning {
@@ -365,6 +365,11 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
             tuning: tune(1, 2, 1, true),
             w_rows_before: 1,
             ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
+        Case {
+            tuning: tune(4, 2, 1, false),
+            ..glu_case(gpu, dtype, 7 * 32)
         },
         // f32 out: silu(gate) * up over this K can pass f16's range.
         Case {

@@ -187,7 +187,14 @@ pub fn run_all(
                 );
                 let mut ds = Vec::new();
                 for w in &ws {
-                    ds.extend(matvec_quant_tuned(gpu, w, &x, &o, &MatvecOptions::default(), tuning)?);
+                    ds.extend(matvec_quant_tuned(
+                        gpu,
+                        w,
+                        &x,
+                        &o,
+                        &MatvecOptions::default(),
+                        tuning,
+                    )?);
                 }
                 let m = bandwidth(&name, &ds)?;
                 report(Measurement {
