@@ -125,19 +125,27 @@ impl QuantTuning {
     /// `DRIFT_DP4A_TUNE=R,RG,BU,PF` (rows per team, row groups, blocks in flight, prefetch 0/1)
     /// replaces the integer-dot-product kernel's defaults: for A/B runs of whole models with one binary.
     fn with_env_override(self) -> Self {
-        let Ok(v) = std::env::var("DRIFT_DP4A_TUNE") else {
-            return self;
-        };
+        match std::env::var("DRIFT_DP4A_TUNE") {
+            Ok(v) => self.with_override(&v),
+            Err(_) => self,
+        }
+    }
+
+    /// This tuning with `R,RG,BU,PF` applied; a malformed value is reported and ignored.
+    fn with_override(self, v: &str) -> Self {
         let f: Vec<u32> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
         match f[..] {
-            [r, rg, bu, pf] => QuantTuning {
+            [r, rg, bu, pf] if v.split(',').count() == 4 && pf <= 1 => QuantTuning {
                 rows_per_team: r,
                 row_groups: rg,
                 chunks_per_step: bu,
                 prefetch: pf == 1,
                 ..self
             },
-            _ => self,
+            _ => {
+                log::warn!("DRIFT_DP4A_TUNE={v:?} ignored: expected R,RG,BU,PF such as 4,0,1,0");
+                self
+            }
         }
     }
 }
@@ -559,6 +567,32 @@ pub fn dequantize(gpu: &Gpu, w: &Tensor, out: &Tensor) -> Result<Dispatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dp4a_tune_override_takes_four_fields_or_nothing() {
+        let base = QuantTuning {
+            dp4a: true,
+            ..QuantTuning::default()
+        };
+        let t = base.with_override("2, 1,4,1");
+        assert_eq!(
+            (t.rows_per_team, t.row_groups, t.chunks_per_step, t.prefetch),
+            (2, 1, 4, true)
+        );
+        for bad in ["", "4,1,1", "4,1,1,0,0", "4,x,1,0", "4,1,1,2"] {
+            let t = base.with_override(bad);
+            assert_eq!(
+                (t.rows_per_team, t.row_groups, t.chunks_per_step, t.prefetch),
+                (
+                    base.rows_per_team,
+                    base.row_groups,
+                    base.chunks_per_step,
+                    base.prefetch
+                ),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn sources_preprocess_for_every_type() {
