@@ -17,7 +17,8 @@
 // Q4_1: w = d q + m;               sum w x = dw dx S + m sx
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
-// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, BU
+// Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, KT
+// (teams per row group) and KSPLIT (KT > 1), BU
 // (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
@@ -37,8 +38,11 @@ const TEAMS = 8u;
 // Row groups per workgroup: each team takes RG groups of R rows, so the pre-pass is shared by
 // TEAMS * R * RG rows.
 const RG = {{RG}}u;
+// Teams per row group (KT): they split the row's blocks into KT slices and meet in kpart, so a product
+// of few rows still runs many subgroups per row set (KT = 1: a team takes whole rows).
+const KT = {{KT}}u;
 // Rows per workgroup (the paired-row epilogues of matvec_fuse.wgsl pair them up).
-const RPW = TEAMS * R * RG;
+const RPW = TEAMS / KT * R * RG;
 const MAXB = {{MAXB}}u;
 
 // x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql, and (dx, sum x).
@@ -48,6 +52,10 @@ const MAXB = {{MAXB}}u;
 // time per block).
 var<workgroup> xq: array<u32, MAXB * 16u>;
 var<workgroup> xd: array<vec2<f32>, MAXB>;
+#if KSPLIT
+// The teams' partial sums, team g's row r at g R + r.
+var<workgroup> kpart: array<f32, TEAMS * RG * R>;
+#endif
 // Per-subgroup partial sums of x^2 (NORM), for up to WG subgroups.
 var<workgroup> sq_part: array<f32, WG>;
 
@@ -164,9 +172,10 @@ fn matvec(
     var rb: array<u32, R>;
 #if PF
     // The first step's loads go out before the pre-pass, so DRAM latency overlaps it.
-    if sg < TEAMS * RG && wg_first + sg * R < p.rows && lane < p.nchunks {
-        row_bases(&rb, wg_first, sg);
-        load_step(&wv, &rb, lane, sgs);
+    let sl0 = k_slice(sg);
+    if sg < TEAMS * RG && wg_first + (sg / KT) * R < p.rows && sl0.x + lane < sl0.y {
+        row_bases(&rb, wg_first, sg / KT);
+        load_step(&wv, &rb, sl0.x + lane, sgs, sl0.y);
     }
 #endif
 
@@ -182,8 +191,9 @@ fn matvec(
     }
 #endif
     workgroupBarrier();
-#if NORM
+    // The input's sum of squares (NORM; unused otherwise).
     var sumsq = 0.0;
+#if NORM
     for (var i = 0u; i < nsg; i++) {
         sumsq += sq_part[i];
     }
@@ -192,23 +202,26 @@ fn matvec(
     // 2. Teams of R rows; lanes stride over the blocks, BU blocks per row at a time.
     var loaded = PF == 1u;
     for (var g = sg; g < TEAMS * RG; g += nsg) {
-        let first = wg_first + g * R;
+        // Team g: rows rgi R .. of the workgroup, blocks sl.x .. sl.y of them.
+        let rgi = g / KT;
+        let sl = k_slice(g);
+        let first = wg_first + rgi * R;
         if first >= p.rows {
             break;
         }
         // Only the team's first group was prefetched.
         let prefetched = loaded;
         loaded = false;
-        row_bases(&rb, wg_first, g);
+        row_bases(&rb, wg_first, rgi);
         var acc: array<f32, R>;
-        for (var c = lane; c < p.nchunks; c += BU * sgs) {
-            if !(prefetched && c == lane) {
-                load_step(&wv, &rb, c, sgs);
+        for (var c = sl.x + lane; c < sl.y; c += BU * sgs) {
+            if !(prefetched && c == sl.x + lane) {
+                load_step(&wv, &rb, c, sgs, sl.y);
             }
             for (var u = 0u; u < BU; u++) {
                 let cu = c + u * sgs;
-                // Block c itself is inside the row (the loop's condition).
-                if u == 0u || cu < p.nchunks {
+                // Block c itself is inside the slice (the loop's condition).
+                if u == 0u || cu < sl.y {
                     let x = x_block(cu);
                     let dx = xd[cu];
                     for (var r = 0u; r < R; r++) {
@@ -219,38 +232,69 @@ fn matvec(
         }
         for (var r = 0u; r < R; r++) {
             let s = subgroupAdd(acc[r]);
-            let row = first + r;
-#if NORM
-            let red = vec2<f32>(s, sumsq);
-#else
-            let red = s;
-#endif
-            if lane == 0u && row < p.rows {
-#if PAIRS
-                pair_keep(g * R + r, weight_row(wg_first, g * R + r), red);
-#else
-                write_out(row, 0u, red);
-#endif
+#if KSPLIT
+            if lane == 0u {
+                kpart[g * R + r] = s;
             }
+#else
+            let row = first + r;
+            if lane == 0u && row < p.rows {
+                finish_row(wg_first, rgi * R + r, s, sumsq);
+            }
+#endif
         }
     }
+#if KSPLIT
+    // The KT slices of each row meet.
+    workgroupBarrier();
+    if lid < RPW && wg_first + lid < p.rows {
+        let base = (lid / R) * KT * R + lid % R;
+        var s = 0.0;
+        for (var ks = 0u; ks < KT; ks++) {
+            s += kpart[base + ks * R];
+        }
+        finish_row(wg_first, lid, s, sumsq);
+    }
+#endif
 #if PAIRS
     pair_finish(wg_first, lid);
 #endif
 }
 
-// Byte offsets of the R weight rows of row group g.
+// Row rr of the workgroup is the sum s (with NORM, of the normed input, whose sum of squares is
+// sumsq): its output, or its value kept for the paired-row epilogue.
+fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32) {
+#if NORM
+    let red = vec2<f32>(s, sumsq);
+#else
+    let red = s;
+#endif
+#if PAIRS
+    pair_keep(rr, weight_row(wg_first, rr), red);
+#else
+    write_out(wg_first + rr, 0u, red);
+#endif
+}
+
+// Team g's blocks of the row: [x, y).
+fn k_slice(g: u32) -> vec2<u32> {
+    let per = (p.nchunks + KT - 1u) / KT;
+    let c0 = min((g % KT) * per, p.nchunks);
+    return vec2<u32>(c0, min(c0 + per, p.nchunks));
+}
+
+// Byte offsets of the R weight rows of the workgroup's row group g.
 fn row_bases(rb: ptr<function, array<u32, R>>, wg_first: u32, g: u32) {
     for (var r = 0u; r < R; r++) {
         (*rb)[r] = tensor_base(1u) * 4u + p.wbyte + weight_row(wg_first, g * R + r) * p.row_bytes;
     }
 }
 
-// The raw blocks c, c + sgs, ... (BU of them, those inside the row) of each of the R rows.
-fn load_step(wv: ptr<function, array<Raw, RBU>>, rb: ptr<function, array<u32, R>>, c: u32, sgs: u32) {
+// The raw blocks c, c + sgs, ... (BU of them, those before block `end`) of each of the R rows.
+fn load_step(wv: ptr<function, array<Raw, RBU>>, rb: ptr<function, array<u32, R>>, c: u32, sgs: u32, end: u32) {
     for (var u = 0u; u < BU; u++) {
         let cu = c + u * sgs;
-        if u == 0u || cu < p.nchunks {
+        if u == 0u || cu < end {
             for (var r = 0u; r < R; r++) {
                 (*wv)[r * BU + u] = load((*rb)[r], cu);
             }

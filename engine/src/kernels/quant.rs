@@ -103,6 +103,10 @@ pub struct QuantTuning {
     /// Integer-dot-product kernel: issue the first weight loads before the input's pre-pass, so
     /// their latency overlaps it.
     pub prefetch: bool,
+    /// Integer-dot-product kernel: teams (subgroups) that share a row group, each taking 1 / k_teams
+    /// of the row's blocks (1, 2, 4 or 8; 0 = 1): a workgroup then covers k_teams times fewer rows, so
+    /// products of few rows run more workgroups.
+    pub k_teams: u32,
 }
 
 impl Default for QuantTuning {
@@ -116,14 +120,16 @@ impl Default for QuantTuning {
             dp4a: std::env::var_os("DRIFT_DP4A").is_none_or(|v| v != "0"),
             row_groups: 0,
             prefetch: false,
+            k_teams: 0,
         }
         .with_env_override()
     }
 }
 
 impl QuantTuning {
-    /// `DRIFT_DP4A_TUNE=R,RG,BU,PF` (rows per team, row groups, blocks in flight, prefetch 0/1)
-    /// replaces the integer-dot-product kernel's defaults: for A/B runs of whole models with one binary.
+    /// `DRIFT_DP4A_TUNE=R,RG,BU,PF[,KT]` (rows per team, row groups, blocks in flight, prefetch 0/1,
+    /// teams per row group) replaces the integer-dot-product kernel's defaults: for A/B runs of whole
+    /// models with one binary.
     fn with_env_override(self) -> Self {
         match std::env::var("DRIFT_DP4A_TUNE") {
             Ok(v) => self.with_override(&v),
@@ -131,19 +137,23 @@ impl QuantTuning {
         }
     }
 
-    /// This tuning with `R,RG,BU,PF` applied; a malformed value is reported and ignored.
+    /// This tuning with `R,RG,BU,PF[,KT]` applied; a malformed value is reported and ignored.
     fn with_override(self, v: &str) -> Self {
         let f: Vec<u32> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+        let whole = f.len() == v.split(',').count();
         match f[..] {
-            [r, rg, bu, pf] if v.split(',').count() == 4 && pf <= 1 => QuantTuning {
+            [r, rg, bu, pf, ..] if whole && f.len() <= 5 && pf <= 1 => QuantTuning {
                 rows_per_team: r,
                 row_groups: rg,
                 chunks_per_step: bu,
                 prefetch: pf == 1,
+                k_teams: f.get(4).copied().unwrap_or(self.k_teams),
                 ..self
             },
             _ => {
-                log::warn!("DRIFT_DP4A_TUNE={v:?} ignored: expected R,RG,BU,PF such as 4,0,1,0");
+                log::warn!(
+                    "DRIFT_DP4A_TUNE={v:?} ignored: expected R,RG,BU,PF[,KT] such as 4,0,1,0"
+                );
                 self
             }
         }
@@ -286,10 +296,16 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool) -> u32 {
     }
 }
 
+/// Teams sharing a row group: the integer-dot-product kernel's tuning (0 = 1), else 1.
+fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
+    if dp4a { tuning.k_teams.max(1) } else { 1 }
+}
+
 /// Weight rows a workgroup covers for a product with `rows` rows in all: TEAMS teams of the tuning's
-/// rows, times the row groups.
+/// rows, times the row groups, over the teams that share a row group.
 fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool, rows: usize) -> usize {
     TEAMS * rows_per_team(tuning, dp4a) as usize * row_groups(tuning, dp4a, rows) as usize
+        / k_teams(tuning, dp4a) as usize
 }
 
 /// Whether [`matvec_quant_tuned`] runs the integer-dot-product kernel for these arguments (x then
@@ -362,9 +378,10 @@ pub fn matvec_quant_shards_tuned(
     let batch = check_io("matvec_quant", x, out, opts, n, k)?;
     if ![0, 1, 2, 4].contains(&tuning.rows_per_team)
         || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
+        || ![0, 1, 2, 4, 8].contains(&tuning.k_teams)
     {
         return Err(shape_err!(
-            "matvec_quant: tuning {tuning:?} out of range (rows 0, 1, 2 or 4, chunks 0, 1, 2 or 4)"
+            "matvec_quant: tuning {tuning:?} out of range (rows 0, 1, 2 or 4, chunks 0, 1, 2 or 4, k teams 0, 1, 2, 4 or 8)"
         ));
     }
     // Chunks in flight hide memory latency on GPUs; a CPU device (lavapipe) gains nothing from them
@@ -443,6 +460,7 @@ pub fn matvec_quant_shards_tuned(
                 row_groups(&tuning, true, n),
                 bu,
                 tuning.prefetch,
+                k_teams(&tuning, true),
             )
         } else {
             KernelSpec::new(
@@ -579,7 +597,8 @@ mod tests {
             (t.rows_per_team, t.row_groups, t.chunks_per_step, t.prefetch),
             (2, 1, 4, true)
         );
-        for bad in ["", "4,1,1", "4,1,1,0,0", "4,x,1,0", "4,1,1,2"] {
+        assert_eq!(base.with_override("4,0,1,0,8").k_teams, 8);
+        for bad in ["", "4,1,1", "4,1,1,0,2,1", "4,x,1,0", "4,1,1,2", "4,1,1,0,"] {
             let t = base.with_override(bad);
             assert_eq!(
                 (t.rows_per_team, t.row_groups, t.chunks_per_step, t.prefetch),

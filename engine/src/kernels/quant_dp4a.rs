@@ -69,12 +69,15 @@ pub(crate) fn spec(
     row_groups: u32,
     blocks: u32,
     prefetch: bool,
+    k_teams: u32,
 ) -> KernelSpec {
     KernelSpec::new(name, SOURCE, "matvec")
         .define("MAXB", max_blocks(k))
         .define("RG", row_groups)
         .define("BU", blocks)
         .define("PF", u8::from(prefetch))
+        .define("KT", k_teams)
+        .define("KSPLIT", u8::from(k_teams > 1))
 }
 
 /// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 1, 2 or 4.

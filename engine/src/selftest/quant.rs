@@ -158,6 +158,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     dp4a: true,
                     row_groups: 1,
                     prefetch: false,
+                    k_teams: 0,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },
@@ -332,7 +333,7 @@ fn glu_case(gpu: &Gpu, dtype: DType, k: usize) -> Case {
 /// The integer-dot-product kernel's loop shapes: 2 and 4 blocks per row in flight, the first step's
 /// loads issued before the pre-pass (prefetch), with K leaving a partial last step (and lanes past the
 /// row's blocks), several row groups per team over a partial last workgroup, rows starting mid-word,
-/// a norm prologue and the GLU epilogue (also over 64-row workgroups).
+/// a norm prologue and the GLU epilogue (also over 64-row workgroups); rows split over several teams.
 fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
     let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     let tune = |r, rg, bu, pf| QuantTuning {
@@ -340,7 +341,12 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
         row_groups: rg,
         chunks_per_step: bu,
         prefetch: pf,
+        k_teams: 1,
         ..QuantTuning::default()
+    };
+    let split = |r, kt, bu, pf| QuantTuning {
+        k_teams: kt,
+        ..tune(r, 1, bu, pf)
     };
     // 4 * 32 + 13 blocks: whole steps of 4 x 32 lanes and a remainder; 5 blocks: most lanes idle.
     let long_k = (4 * 32 + 13) * 32;
@@ -365,6 +371,33 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
             tuning: tune(1, 2, 1, true),
             w_rows_before: 1,
             ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        // Rows split over 2, 4 or 8 teams (slices of the blocks met in workgroup memory): a partial
+        // last workgroup, one row per workgroup with empty slices, the norm prologue, prefetch with two
+        // blocks in flight, and the GLU pairing over 16-row workgroups.
+        Case {
+            tuning: split(2, 2, 1, false),
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(1, 8, 1, false),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(4, 4, 1, false),
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(2, 4, 2, true),
+            ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(4, 2, 1, false),
+            ..glu_case(gpu, dtype, 7 * 32)
         },
         // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
         Case {
@@ -507,9 +540,14 @@ fn run_matvec(
     );
     if dp4a {
         name += &format!(
-            " dp4a rg{}{}",
+            " dp4a rg{}{}{}",
             c.tuning.row_groups,
-            if c.tuning.prefetch { " pf" } else { "" }
+            if c.tuning.prefetch { " pf" } else { "" },
+            if c.tuning.k_teams > 1 {
+                format!(" kt{}", c.tuning.k_teams)
+            } else {
+                String::new()
+            }
         );
     }
     if c.w_rows_before + c.x_offset > 0 {

@@ -318,6 +318,7 @@ fn quant_matvec_bandwidth() {
                         dp4a: false,
                         row_groups: 0,
                         prefetch: false,
+                        k_teams: 0,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

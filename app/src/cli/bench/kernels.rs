@@ -131,6 +131,7 @@ pub fn run_all(
                         dp4a: false,
                         row_groups: 0,
                         prefetch: false,
+                        k_teams: 0,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -160,29 +161,30 @@ pub fn run_all(
                 .collect::<drift_engine::Result<Vec<_>>>()?;
             let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
             let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-            for (r, rg, u, pf) in [
-                (2, 2, 1, false),
-                (2, 2, 1, true),
-                (2, 2, 2, false),
-                (2, 2, 2, true),
-                (2, 1, 4, true),
-                (2, 2, 4, true),
-                (4, 1, 1, true),
-                (4, 1, 2, true),
-                (4, 1, 4, true),
-                (4, 2, 2, true),
-                (1, 4, 4, true),
-                (1, 2, 4, true),
+            for (r, rg, u, pf, kt) in [
+                (2, 2, 1, false, 1),
+                (4, 1, 1, false, 1),
+                (4, 2, 1, false, 1),
+                (4, 1, 2, false, 1),
+                (4, 1, 1, true, 1),
+                (4, 1, 1, false, 2),
+                (4, 1, 1, false, 4),
+                (4, 1, 1, false, 8),
+                (2, 1, 1, false, 4),
+                (2, 1, 1, false, 8),
+                (4, 2, 1, false, 2),
+                (1, 1, 1, false, 8),
             ] {
                 let tuning = QuantTuning {
                     rows_per_team: r,
                     row_groups: rg,
                     chunks_per_step: u,
                     prefetch: pf,
+                    k_teams: kt,
                     ..QuantTuning::default()
                 };
                 let name = format!(
-                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{}",
+                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{} kt{kt}",
                     u8::from(pf)
                 );
                 let mut ds = Vec::new();
