@@ -18,7 +18,7 @@
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, KT
-// (teams per row group) and KSPLIT (KT > 1), BU
+// (teams per row group) and KSPLIT (KT > 1), XQ4 (x's layout), BU
 // (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
@@ -46,11 +46,16 @@ const RPW = TEAMS / KT * R * RG;
 const MAXB = {{MAXB}}u;
 
 // x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql, and (dx, sum x).
-// Stored word-major (word j of block c at xq[j * MAXB + c]): the lanes of a team read consecutive
-// blocks, so each of their 16 word loads hits 32 different banks. Block-major (16 c + j) made those
-// loads 16-way bank conflicts, which bounded the kernel on the H200 (Q4_0 and Q8_0 took nearly the same
-// time per block).
+// Stored plane-major: the lanes of a team read consecutive blocks, so each of their loads reads one
+// contiguous span, free of bank conflicts. Block-major (16 words of block c together) made the loads
+// 16-way bank conflicts, which bounded the kernel on the H200 (Q4_0 and Q8_0 took nearly the same time
+// per block). XQ4: 4 vec4 planes (vec4 i of block c at xq[i MAXB + c], 4 vector loads per block);
+// else 16 word planes (word j at xq[j MAXB + c], 16 loads).
+#if XQ4
+var<workgroup> xq: array<vec4<u32>, MAXB * 4u>;
+#else
 var<workgroup> xq: array<u32, MAXB * 16u>;
+#endif
 var<workgroup> xd: array<vec2<f32>, MAXB>;
 #if KSPLIT
 // The teams' partial sums, team g's row r at g R + r.
@@ -79,34 +84,68 @@ fn quantize_block(c: u32) {
         max(max(max4(abs(v4)), max4(abs(v5))), max(max4(abs(v6)), max4(abs(v7)))),
     );
     let inv = select(0.0, 127.0 / m, m > 0.0);
-    split(v0 * inv, c);
-    split(v1 * inv, c + MAXB);
-    split(v2 * inv, c + 2u * MAXB);
-    split(v3 * inv, c + 3u * MAXB);
-    split(v4 * inv, c + 4u * MAXB);
-    split(v5 * inv, c + 5u * MAXB);
-    split(v6 * inv, c + 6u * MAXB);
-    split(v7 * inv, c + 7u * MAXB);
+    let s0 = v0 * inv;
+    let s1 = v1 * inv;
+    let s2 = v2 * inv;
+    let s3 = v3 * inv;
+    let s4 = v4 * inv;
+    let s5 = v5 * inv;
+    let s6 = v6 * inv;
+    let s7 = v7 * inv;
+#if XQ4
+    xq[c] = vec4<u32>(hi8(s0), hi8(s1), hi8(s2), hi8(s3));
+    xq[c + MAXB] = vec4<u32>(hi8(s4), hi8(s5), hi8(s6), hi8(s7));
+    xq[c + 2u * MAXB] = vec4<u32>(lo8(s0), lo8(s1), lo8(s2), lo8(s3));
+    xq[c + 3u * MAXB] = vec4<u32>(lo8(s4), lo8(s5), lo8(s6), lo8(s7));
+#else
+    split(s0, c);
+    split(s1, c + MAXB);
+    split(s2, c + 2u * MAXB);
+    split(s3, c + 3u * MAXB);
+    split(s4, c + 4u * MAXB);
+    split(s5, c + 5u * MAXB);
+    split(s6, c + 6u * MAXB);
+    split(s7, c + 7u * MAXB);
+#endif
     let sx = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
     xd[c] = vec2<f32>(m / 127.0, (sx.x + sx.y) + (sx.z + sx.w));
 }
 
-// Four scaled values (|s| <= 127) as qh = round(s) at xq[o] and ql = round((s - qh) 254) at
-// xq[o + 8 MAXB].
+#ifnot XQ4
+// Four scaled values as qh at xq[o] and ql at xq[o + 8 MAXB] (hi8, lo8).
 fn split(s: vec4<f32>, o: u32) {
-    let h = round(s);
-    xq[o] = pack4xI8(vec4<i32>(h));
-    xq[o + 8u * MAXB] = pack4xI8(vec4<i32>(round((s - h) * 254.0)));
+    xq[o] = hi8(s);
+    xq[o + 8u * MAXB] = lo8(s);
+}
+#endif
+
+// Four scaled values (|s| <= 127) as packed int8: qh = round(s), and ql = round((s - qh) 254).
+fn hi8(s: vec4<f32>) -> u32 {
+    return pack4xI8(vec4<i32>(round(s)));
+}
+
+fn lo8(s: vec4<f32>) -> u32 {
+    return pack4xI8(vec4<i32>(round((s - round(s)) * 254.0)));
 }
 
 // The int8 words of x's block c (qh then ql).
 fn x_block(c: u32) -> array<u32, 16> {
+#if XQ4
+    let h0 = xq[c];
+    let h1 = xq[c + MAXB];
+    let l0 = xq[c + 2u * MAXB];
+    let l1 = xq[c + 3u * MAXB];
+    return array<u32, 16>(
+        h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w, l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w,
+    );
+#else
     let m = MAXB;
     return array<u32, 16>(
         xq[c], xq[c + m], xq[c + 2u * m], xq[c + 3u * m], xq[c + 4u * m], xq[c + 5u * m], xq[c + 6u * m],
         xq[c + 7u * m], xq[c + 8u * m], xq[c + 9u * m], xq[c + 10u * m], xq[c + 11u * m], xq[c + 12u * m],
         xq[c + 13u * m], xq[c + 14u * m], xq[c + 15u * m],
     );
+#endif
 }
 
 // sum q x over a block in units of dx, from the 8 weight words `wq` (4 int8 or 4-bit values each, in

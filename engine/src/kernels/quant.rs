@@ -107,6 +107,10 @@ pub struct QuantTuning {
     /// of the row's blocks (1, 2, 4 or 8; 0 = 1): a workgroup then covers k_teams times fewer rows, so
     /// products of few rows run more workgroups.
     pub k_teams: u32,
+    /// Integer-dot-product kernel: x's int8 words in workgroup memory as 4 vec4 planes (4 vector loads
+    /// per block) instead of 16 word planes. Off by default until measured; `DRIFT_DP4A_XQ4=1` turns
+    /// the default on (A/B runs).
+    pub x_vec4: bool,
 }
 
 impl Default for QuantTuning {
@@ -121,6 +125,7 @@ impl Default for QuantTuning {
             row_groups: 0,
             prefetch: false,
             k_teams: 0,
+            x_vec4: std::env::var_os("DRIFT_DP4A_XQ4").is_some_and(|v| v == "1"),
         }
         .with_env_override()
     }
@@ -462,6 +467,7 @@ pub fn matvec_quant_shards_tuned(
                 tuning.prefetch,
                 k_teams(&tuning, true),
             )
+            .define("XQ4", u8::from(tuning.x_vec4))
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),

@@ -159,6 +159,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     row_groups: 1,
                     prefetch: false,
                     k_teams: 0,
+                    x_vec4: false,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },
@@ -333,7 +334,8 @@ fn glu_case(gpu: &Gpu, dtype: DType, k: usize) -> Case {
 /// The integer-dot-product kernel's loop shapes: 2 and 4 blocks per row in flight, the first step's
 /// loads issued before the pre-pass (prefetch), with K leaving a partial last step (and lanes past the
 /// row's blocks), several row groups per team over a partial last workgroup, rows starting mid-word,
-/// a norm prologue and the GLU epilogue (also over 64-row workgroups); rows split over several teams.
+/// a norm prologue and the GLU epilogue (also over 64-row workgroups); rows split over several teams;
+/// x's words in vec4 planes.
 fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
     let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     let tune = |r, rg, bu, pf| QuantTuning {
@@ -397,6 +399,32 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
         },
         Case {
             tuning: split(4, 2, 1, false),
+            ..glu_case(gpu, dtype, 7 * 32)
+        },
+        // x's words as 4 vec4 planes: plain, with the norm prologue and rows over several teams, GLU.
+        Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..tune(2, 2, 1, false)
+            },
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..split(4, 2, 2, true)
+            },
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..tune(4, 1, 1, false)
+            },
             ..glu_case(gpu, dtype, 7 * 32)
         },
         // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
@@ -549,6 +577,9 @@ fn run_matvec(
                 String::new()
             }
         );
+        if c.tuning.x_vec4 {
+            name += " xq4";
+        }
     }
     if c.w_rows_before + c.x_offset > 0 {
         name += &format!(" w@row{} x@{}", c.w_rows_before, c.x_offset);

@@ -319,6 +319,7 @@ fn quant_matvec_bandwidth() {
                         row_groups: 0,
                         prefetch: false,
                         k_teams: 0,
+                        x_vec4: false,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

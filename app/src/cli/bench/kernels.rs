@@ -132,6 +132,7 @@ pub fn run_all(
                         row_groups: 0,
                         prefetch: false,
                         k_teams: 0,
+                        x_vec4: false,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -161,19 +162,21 @@ pub fn run_all(
                 .collect::<drift_engine::Result<Vec<_>>>()?;
             let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
             let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-            for (r, rg, u, pf, kt) in [
-                (2, 2, 1, false, 1),
-                (4, 1, 1, false, 1),
-                (4, 2, 1, false, 1),
-                (4, 1, 2, false, 1),
-                (4, 1, 1, true, 1),
-                (4, 1, 1, false, 2),
-                (4, 1, 1, false, 4),
-                (4, 1, 1, false, 8),
-                (2, 1, 1, false, 4),
-                (2, 1, 1, false, 8),
-                (4, 2, 1, false, 2),
-                (1, 1, 1, false, 8),
+            for (r, rg, u, pf, kt, xq4) in [
+                (2, 2, 1, false, 1, false),
+                (4, 1, 1, false, 1, false),
+                (4, 1, 1, false, 1, true),
+                (4, 2, 1, false, 1, false),
+                (4, 2, 1, false, 1, true),
+                (4, 1, 2, false, 1, true),
+                (4, 1, 1, true, 1, true),
+                (4, 1, 1, false, 2, false),
+                (4, 1, 1, false, 4, false),
+                (4, 1, 1, false, 4, true),
+                (4, 1, 1, false, 8, false),
+                (2, 1, 1, false, 4, false),
+                (2, 1, 1, false, 8, true),
+                (1, 1, 1, false, 8, false),
             ] {
                 let tuning = QuantTuning {
                     rows_per_team: r,
@@ -181,11 +184,13 @@ pub fn run_all(
                     chunks_per_step: u,
                     prefetch: pf,
                     k_teams: kt,
+                    x_vec4: xq4,
                     ..QuantTuning::default()
                 };
                 let name = format!(
-                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{} kt{kt}",
-                    u8::from(pf)
+                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{} kt{kt}{}",
+                    u8::from(pf),
+                    if xq4 { " xq4" } else { "" }
                 );
                 let mut ds = Vec::new();
                 for w in &ws {
