@@ -110,10 +110,13 @@ fn quant_dp4a_specialisations_compile() {
                         ("TG", "f32"),
                         ("RES_B", "4"),
                         ("TR", "f32"),
+                        ("GV4", "1"),
+                        ("BU", "2"),
                     ],
-                    &["ALIGNED", "XV4", "GV4", "BU2"],
+                    &["ALIGNED", "XV4", "PF", "XQ4", "KSPLIT"],
                 ) {
                     d.push(("BIAS", "0".into()));
+                    d.push(("KT", k_teams(&d).into()));
                     let words = to_spirv("matvec_quant_dp4a", src, &d);
                     // Walk the instructions after the 5-word header: word count in the high half.
                     let (mut i, mut sdot) = (5, false);
@@ -127,7 +130,7 @@ fn quant_dp4a_specialisations_compile() {
             }
         }
     }
-    assert_eq!(n, 3 * 2 * 3 * 16);
+    assert_eq!(n, 3 * 2 * 3 * 32);
     // The paired-row epilogues after the norm prologue: GLU (with bias) and RoPE (f16 caches, both
     // pairings), f16 output.
     for block in ["Q4_0", "Q4_1", "Q8_0"] {
@@ -141,16 +144,29 @@ fn quant_dp4a_specialisations_compile() {
                     ("R", "2"),
                     ("RG", "2"),
                     ("MAXB", "448"),
+                    ("BU", "1"),
+                    ("PF", "0"),
+                    ("XQ4", "0"),
                 ],
-                &["ALIGNED", "XV4", "INTERLEAVED"],
+                &["ALIGNED", "XV4", "INTERLEAVED", "KSPLIT"],
             ) {
                 d.extend(paired_defines(glu));
+                d.push(("KT", k_teams(&d).into()));
                 to_spirv("matvec_quant_dp4a", src, &d);
                 n += 1;
             }
         }
     }
-    assert_eq!(n, 3 * 2 * 3 * 16 + 3 * 2 * 8);
+    assert_eq!(n, 3 * 2 * 3 * 32 + 3 * 2 * 16);
+}
+
+/// The dp4a kernel's teams per row group for a define set: 4 where KSPLIT is on, else 1.
+fn k_teams(d: &[(&'static str, String)]) -> &'static str {
+    if d.iter().any(|(k, v)| *k == "KSPLIT" && v == "1") {
+        "4"
+    } else {
+        "1"
+    }
 }
 
 #[test]
