@@ -301,9 +301,13 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool) -> u32 {
     }
 }
 
-/// Teams sharing a row group: the integer-dot-product kernel's tuning (0 = 1), else 1.
+/// Teams sharing a row group: the integer-dot-product kernel's (see [`quant_dp4a::k_teams`]), else 1.
 fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
-    if dp4a { tuning.k_teams.max(1) } else { 1 }
+    if dp4a {
+        quant_dp4a::k_teams(tuning.k_teams)
+    } else {
+        1
+    }
 }
 
 /// Weight rows a workgroup covers for a product with `rows` rows in all: TEAMS teams of the tuning's
@@ -458,16 +462,7 @@ pub fn matvec_quant_shards_tuned(
         let red = if sg { "_sg" } else { "_wg" };
         // The dp4a kernel stages its own (int8) input.
         let spec = if dp4a {
-            let bu = quant_dp4a::blocks_in_flight(tuning.chunks_per_step);
-            quant_dp4a::spec(
-                format!("{name}{red}_dp4a"),
-                k,
-                row_groups(&tuning, true, n),
-                bu,
-                tuning.prefetch,
-                k_teams(&tuning, true),
-            )
-            .define("XQ4", u8::from(tuning.x_vec4))
+            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, n, &tuning)
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -593,7 +588,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dp4a_tune_override_takes_four_fields_or_nothing() {
+    fn dp4a_tune_override_takes_four_or_five_fields_or_nothing() {
         let base = QuantTuning {
             dp4a: true,
             ..QuantTuning::default()

@@ -8,6 +8,7 @@
 
 use crate::gpu::Gpu;
 use crate::kernels::KernelSpec;
+use crate::kernels::quant::QuantTuning;
 use crate::tensor::DType;
 
 /// Invocations per workgroup, fixed in the shader.
@@ -61,23 +62,24 @@ pub(crate) fn row_groups(requested: u32, rows: usize) -> u32 {
     }
 }
 
-/// The specialisation-independent part of the spec (the caller adds the block type, alignment, dtypes,
-/// rows per team, x vector access and the fusion defines).
-pub(crate) fn spec(
-    name: String,
-    k: usize,
-    row_groups: u32,
-    blocks: u32,
-    prefetch: bool,
-    k_teams: u32,
-) -> KernelSpec {
+/// The specialisation-independent part of the spec for a product of `rows` rows of width `k` (the
+/// caller adds the block type, alignment, dtypes, rows per team, x vector access and the fusion
+/// defines).
+pub(crate) fn spec(name: String, k: usize, rows: usize, tuning: &QuantTuning) -> KernelSpec {
+    let kt = k_teams(tuning.k_teams);
     KernelSpec::new(name, SOURCE, "matvec")
         .define("MAXB", max_blocks(k))
-        .define("RG", row_groups)
-        .define("BU", blocks)
-        .define("PF", u8::from(prefetch))
-        .define("KT", k_teams)
-        .define("KSPLIT", u8::from(k_teams > 1))
+        .define("RG", row_groups(tuning.row_groups, rows))
+        .define("BU", blocks_in_flight(tuning.chunks_per_step))
+        .define("PF", u8::from(tuning.prefetch))
+        .define("KT", kt)
+        .define("KSPLIT", u8::from(kt > 1))
+        .define("XQ4", u8::from(tuning.x_vec4))
+}
+
+/// Teams sharing a row group for `k_teams` (0 = 1).
+pub(crate) fn k_teams(requested: u32) -> u32 {
+    requested.max(1)
 }
 
 /// Blocks per row a lane keeps in flight: 1 for `chunks_per_step` = 0 (automatic), else 1, 2 or 4.

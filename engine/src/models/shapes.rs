@@ -63,17 +63,14 @@ impl RandomWeights {
             }
         };
         let mut out = vec![0.0f32; n];
+        // Each thread takes `per` whole chunks, numbered as if they were filled in one pass.
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-        let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(CHUNK).enumerate().collect();
-        let per = chunks.len().div_ceil(threads).max(1);
-        let mut chunks = chunks;
+        let per = n.div_ceil(CHUNK).div_ceil(threads).max(1);
         std::thread::scope(|s| {
-            while !chunks.is_empty() {
-                let rest = chunks.split_off(per.min(chunks.len()));
-                let mine = std::mem::replace(&mut chunks, rest);
+            for (t, part) in out.chunks_mut(per * CHUNK).enumerate() {
                 s.spawn(move || {
-                    for (i, c) in mine {
-                        fill(i, c);
+                    for (j, c) in part.chunks_mut(CHUNK).enumerate() {
+                        fill(t * per + j, c);
                     }
                 });
             }
