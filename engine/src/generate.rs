@@ -174,17 +174,26 @@ impl LlmSession {
         let mut text = String::new();
         let mut stop = StopReason::MaxTokens;
         let t1 = Instant::now();
-        let mut decode_program = Program::new();
-        decode_program.extend(m.decode_program().dispatches.iter().cloned());
-        self.push_select(gpu, &mut decode_program, greedy, k, &opts.sampling)?;
         // Decode steps are submitted at positions cached.len(), +1, +2, ...: step i fills readback
         // slot (first_pos + i) % slots, and its command buffer is encoded ahead (see encode_ahead).
+        // The step at position `pos` leaves pos + 1 KV rows, which picks its program (short contexts
+        // run the one-pass attention, long ones the split one).
         let first_pos = self.cached.len();
+        let short_max = m.row_attention_max_kv();
+        let mut programs = Vec::new();
+        for kv_len in [1, usize::MAX] {
+            let mut p = Program::new();
+            p.extend(m.decode_program(kv_len).dispatches.iter().cloned());
+            self.push_select(gpu, &mut p, greedy, k, &opts.sampling)?;
+            programs.push(p);
+        }
         let slots = self.readback.len();
         let copies: Vec<ResultCopy> = (0..slots).map(|s| self.result_copy(s)).collect();
         let device = gpu.device.clone();
         let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
-            encode_step(&device, &decode_program, &copies[(first_pos + i) % slots])
+            let kv_len = first_pos + i + 1;
+            let p = &programs[usize::from(kv_len > short_max)];
+            encode_step(&device, p, &copies[(first_pos + i) % slots])
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
         let mut time = DecodeTime::default();
@@ -380,7 +389,7 @@ impl LlmSession {
         gpu.write_tensor_bytes(&m.ids.view(0, &[1])?, bytemuck::bytes_of(&input))?;
         m.set_step(gpu, pos + 1, pos)?;
         let mut step = Program::new();
-        step.extend(m.decode_program().dispatches.iter().cloned());
+        step.extend(m.decode_program(pos + 1).dispatches.iter().cloned());
         step.extend(m.greedy_dispatches().iter().cloned());
         step.run_profiled(gpu, profiler)
     }

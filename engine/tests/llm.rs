@@ -384,6 +384,67 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Decode with the one-pass attention (one workgroup per query row) gives the split attention's
+/// logits, one dispatch fewer per layer; the model switches to the split program once the KV length
+/// passes the one-pass limit.
+#[test]
+fn one_pass_decode_attention_matches_split() {
+    for gpu in [gpu_f32(), gpu()] {
+        let (f, r) = fixture("llama-gqa");
+        if !drift_engine::kernels::attention_row::row_available(&gpu.caps, f.config.head_dim) {
+            continue;
+        }
+        let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
+        let mut m = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
+        let prompt = ids(&r["prompt_ids"]);
+        let t = prompt.len();
+        m.write_ids(gpu, &prompt).unwrap();
+        m.set_step(gpu, t, 0).unwrap();
+        m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+        let rows = |m: &LlamaModel, kv_len: usize, what: &str| {
+            m.decode_program(kv_len)
+                .dispatches
+                .iter()
+                .filter(|d| d.name.contains(what))
+                .count()
+        };
+        let mut step = |row_max: usize| {
+            m.set_row_attention_max_kv(gpu, row_max).unwrap();
+            m.write_ids(gpu, &[prompt[1]]).unwrap();
+            m.set_step(gpu, t + 1, t).unwrap();
+            m.decode_program(t + 1).run(gpu).unwrap();
+            let n = m.cfg.n_layers;
+            let (row, merge) = (
+                rows(&m, t + 1, "attention_decode_row"),
+                rows(&m, t + 1, "attention_decode_merge"),
+            );
+            (
+                gpu.read_f32(&m.logits).unwrap(),
+                row == n && merge == 0,
+                row == 0 && merge == n,
+            )
+        };
+        let (split, _, split_ok) = step(0);
+        assert!(split_ok, "the split program: a merge per layer");
+        let (one_pass, row_ok, _) = step(t + 1);
+        assert!(row_ok, "the one-pass program: no merge");
+        // Past the limit the same model serves the split program.
+        let (past, _, past_ok) = step(t);
+        assert!(past_ok, "past the one-pass limit: the split program");
+        assert_eq!(past, split, "the split program, rebuilt");
+        // Both sum the same products in different orders (f32 accumulation): ~1e-6 relative.
+        let want: Vec<f64> = split.iter().map(|&v| v as f64).collect();
+        let c = drift_engine::selftest::compare(
+            format!("one-pass vs split decode attention (f16: {})", gpu.caps.f16),
+            &one_pass,
+            &want,
+            if gpu.caps.f16 { 2e-2 } else { 1e-4 },
+            if gpu.caps.f16 { 2e-3 } else { 1e-5 },
+        );
+        assert!(c.passed, "{c}");
+    }
+}
+
 /// The fused decode step (norms, SwiGLU and residual adds inside the matrix-vector products, the QKV
 /// split and RoPE in the QKV product's epilogue) gives the unfused step's logits, with 4 dispatches
 /// fewer per layer (and no first norm).
@@ -404,14 +465,17 @@ fn fused_decode_matches_unfused() {
             assert_eq!(m.decode_fused(), fused);
             m.write_ids(gpu, &[prompt[1]]).unwrap();
             m.set_step(gpu, t + 1, t).unwrap();
-            m.decode_program().run(gpu).unwrap();
-            (gpu.read_f32(&m.logits).unwrap(), m.decode_program().len())
+            m.decode_program(t + 1).run(gpu).unwrap();
+            (
+                gpu.read_f32(&m.logits).unwrap(),
+                m.decode_program(t + 1).len(),
+            )
         };
         let (fused, n_fused) = step(&mut m, true);
         // Float weights: the gate-up product ends in the GLU epilogue and the QKV product in the RoPE
         // epilogue, once per layer each.
         let count = |m: &LlamaModel, what: &str| {
-            m.decode_program()
+            m.decode_program(t + 1)
                 .dispatches
                 .iter()
                 .filter(|d| d.name.contains(what))

@@ -22,6 +22,7 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::Gpu;
 use crate::kernels::attention_coop::{self, CoopTile};
+use crate::kernels::attention_row;
 use crate::kernels::{KernelSpec, grid};
 use crate::memory::Category;
 use crate::tensor::{DType, Layout, Tensor};
@@ -53,6 +54,9 @@ pub enum AttentionVariant {
     Prefill,
     /// KV sequence split over workgroups, then a merge dispatch.
     Decode,
+    /// One workgroup per query row over the whole KV sequence, one dispatch (short contexts; needs
+    /// one fixed subgroup size, see [`super::attention_row`]). Decode programs choose it by KV length.
+    DecodeRow,
     /// Prefill on cooperative matrices (f16 q/k/v, a device with 16x16 f16 cooperative matrices
     /// and subgroups of 32; an error elsewhere). Experimental: wrong on the H200 (module docs).
     Coop,
@@ -148,7 +152,8 @@ impl Dims {
 /// - `step`: u32 `[2]` = (kv_len, q_pos0), read by the GPU at run time: only K/V rows `< kv_len`
 ///   (clamped to `Lkv`) are read, and query row `i` is at absolute position `q_pos0 + i`.
 ///
-/// All tensors row-major. Returns one dispatch (prefill) or two (decode: split, merge).
+/// All tensors row-major. Returns one dispatch (prefill, one-pass decode) or two (split decode: split,
+/// merge).
 pub fn attention(
     gpu: &Gpu,
     q: &Tensor,
@@ -178,6 +183,17 @@ pub fn attention(
     };
     match resolve_variant(&dims, opts) {
         AttentionVariant::Decode => decode(gpu, q, k, v, out, step, &dims, scale, opts),
+        AttentionVariant::DecodeRow => Ok(vec![attention_row::decode_row(
+            gpu,
+            q,
+            k,
+            v,
+            out,
+            step,
+            &dims,
+            scale,
+            opts.causal,
+        )?]),
         AttentionVariant::Coop => coop(false),
         AttentionVariant::CoopEmulated => coop(true),
         _ => Ok(vec![prefill(gpu, q, k, v, out, step, &dims, scale, opts)?]),
@@ -273,16 +289,21 @@ fn check(
 
 /// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4;
 /// every tensor is a whole number of D-rows, D a multiple of 8).
-fn vec4_ok(t: &Tensor) -> bool {
+pub(crate) fn vec4_ok(t: &Tensor) -> bool {
     (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
 }
 
-fn flag(b: bool) -> &'static str {
+pub(crate) fn flag(b: bool) -> &'static str {
     if b { "1" } else { "0" }
 }
 
 /// Specialisation shared by both variants: element types and vector bindings.
-fn io_defines(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Vec<(&'static str, String)> {
+pub(crate) fn io_defines(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+) -> Vec<(&'static str, String)> {
     let f16 = [q, k, out].iter().any(|t| t.dtype == DType::F16);
     vec![
         ("QT", q.dtype.wgsl().into()),
@@ -294,7 +315,7 @@ fn io_defines(q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Vec<(&'static
     ]
 }
 
-fn dtype_tag(q: &Tensor, k: &Tensor, out: &Tensor) -> String {
+pub(crate) fn dtype_tag(q: &Tensor, k: &Tensor, out: &Tensor) -> String {
     let t = |d: DType| if d == DType::F16 { "h" } else { "f" };
     format!("{}{}{}", t(q.dtype), t(k.dtype), t(out.dtype))
 }

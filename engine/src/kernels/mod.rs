@@ -13,6 +13,7 @@ mod preprocess;
 pub mod activation;
 pub mod attention;
 pub mod attention_coop;
+pub mod attention_row;
 pub mod conv;
 pub mod conv_coop;
 pub mod copy;

@@ -22,7 +22,8 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Dispatch, Program};
 use crate::gpu::Gpu;
 use crate::kernels::activation::swiglu;
-use crate::kernels::attention::{AttentionOptions, attention};
+use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use crate::kernels::attention_row::{row_available, row_max_kv};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{MatmulOptions, matmul};
 use crate::kernels::matvec::MatvecOptions;
@@ -149,7 +150,14 @@ pub struct LlamaModel {
     pub history: Tensor,
     pub logits: Tensor,
     decode_acts: Activations,
+    /// The decode step with one-pass attention (`AttentionVariant::DecodeRow`) while the KV length is at
+    /// most `row_max_kv`, or with split attention for every length where that variant is off.
     decode: Option<Program>,
+    /// The decode step with split-sequence attention, for KV lengths past `row_max_kv` (none when the
+    /// cache is no longer than that, or the one-pass variant is off).
+    decode_long: Option<Program>,
+    /// KV length up to which `decode` serves (0: the one-pass variant is off on this device).
+    row_max_kv: usize,
     /// Fused matrix-vector stages (see the module docs); from `DRIFT_DECODE_FUSION` at load.
     fusion: bool,
     /// Greedy selection after a step (argmax into the next input id), built once like `decode`.
@@ -193,6 +201,8 @@ impl LlamaModel {
             // once per row group, so its width costs as much bandwidth as the blocks themselves.
             decode_acts: Activations::new(gpu, &cfg, 1, w.dtype, decode_fused)?,
             decode: None,
+            decode_long: None,
+            row_max_kv: 0,
             fusion,
             greedy: Vec::new(),
             scratch,
@@ -201,7 +211,7 @@ impl LlamaModel {
             cfg,
             w,
         };
-        m.decode = Some(m.build_decode(gpu)?);
+        m.set_row_attention_max_kv(gpu, row_max_kv())?;
         let ids = m.ids.view(0, &[1])?;
         m.greedy = argmax(gpu, &m.logits, &ids, &m.history, &m.step, true)?;
         Ok(m)
@@ -221,7 +231,36 @@ impl LlamaModel {
     pub fn set_decode_fusion(&mut self, gpu: &Gpu, on: bool) -> Result<()> {
         self.fusion = on;
         self.decode_acts = Activations::new(gpu, &self.cfg, 1, self.w.dtype, self.fused(1))?;
-        self.decode = Some(self.build_decode(gpu)?);
+        self.build_decode_programs(gpu)
+    }
+
+    /// Rebuilds the decode programs with the one-pass attention up to KV length `n` (0: never; where
+    /// the device cannot run it, never either). `DRIFT_ATTENTION_ROW_MAX` sets it at load.
+    pub fn set_row_attention_max_kv(&mut self, gpu: &Gpu, n: usize) -> Result<()> {
+        self.row_max_kv = if row_available(&gpu.caps, self.cfg.head_dim) {
+            n
+        } else {
+            0
+        };
+        self.build_decode_programs(gpu)
+    }
+
+    /// The decode step for one-pass attention while it serves this cache, and the split one past it.
+    fn build_decode_programs(&mut self, gpu: &Gpu) -> Result<()> {
+        let row = self.row_max_kv > 0;
+        self.decode = Some(self.build_decode(
+            gpu,
+            if row {
+                AttentionVariant::DecodeRow
+            } else {
+                AttentionVariant::Auto
+            },
+        )?);
+        self.decode_long = if row && self.max_ctx > self.row_max_kv {
+            Some(self.build_decode(gpu, AttentionVariant::Auto)?)
+        } else {
+            None
+        };
         Ok(())
     }
 
@@ -332,7 +371,14 @@ impl LlamaModel {
     /// The layer stack for `t` rows whose token ids start at `ids` element `first_id`: ends with the
     /// final-normed hidden states in `xn` (unfused), or the raw residual stream in `x` (fused; the LM
     /// head normalises it, see [`LlamaModel::head`]).
-    fn layers(&self, gpu: &Gpu, a: &Activations, ids: &Tensor, t: usize) -> Result<Vec<Dispatch>> {
+    fn layers(
+        &self,
+        gpu: &Gpu,
+        a: &Activations,
+        ids: &Tensor,
+        t: usize,
+        attention_variant: AttentionVariant,
+    ) -> Result<Vec<Dispatch>> {
         let c = &self.cfg;
         let eps = c.rms_eps as f32;
         let mut d = embedding(gpu, &self.w.embed, ids, &a.x, &Default::default())?;
@@ -384,6 +430,7 @@ impl LlamaModel {
                 &self.step,
                 &AttentionOptions {
                     causal: true,
+                    variant: attention_variant,
                     ..Default::default()
                 },
             )?);
@@ -474,19 +521,28 @@ impl LlamaModel {
     }
 
     /// One decode step: the token at `ids[pos]` in, logits and the greedy id (`ids[pos + 1]`) out.
-    fn build_decode(&self, gpu: &Gpu) -> Result<Program> {
+    fn build_decode(&self, gpu: &Gpu, attention_variant: AttentionVariant) -> Result<Program> {
         let a = &self.decode_acts;
         let mut p = Program::new();
         // The input id is read through the step-independent view ids[0..1]; `run_decode` copies the id
         // into place (the argmax writes it there directly when greedy).
         let ids = self.ids.view(0, &[1])?;
-        p.extend(self.layers(gpu, a, &ids, 1)?);
+        p.extend(self.layers(gpu, a, &ids, 1, attention_variant)?);
         p.extend(self.head(gpu, a, 0..1, &self.logits)?);
         Ok(p)
     }
 
-    pub fn decode_program(&self) -> &Program {
-        self.decode.as_ref().expect("built in new")
+    /// The decode step for a step that leaves `kv_len` rows in the cache.
+    pub fn decode_program(&self, kv_len: usize) -> &Program {
+        match &self.decode_long {
+            Some(long) if kv_len > self.row_max_kv => long,
+            _ => self.decode.as_ref().expect("built in new"),
+        }
+    }
+
+    /// KV length up to which decode runs the one-pass attention (0: never).
+    pub fn row_attention_max_kv(&self) -> usize {
+        self.row_max_kv
     }
 
     /// The greedy selection dispatches (argmax of the logits into the next step's input id).
@@ -521,7 +577,7 @@ impl LlamaModel {
         let a = Activations::new(gpu, &self.cfg, t, io, self.fused(t))?;
         let ids = self.ids.view(0, &[t])?;
         let mut p = Program::new();
-        p.extend(self.layers(gpu, &a, &ids, t)?);
+        p.extend(self.layers(gpu, &a, &ids, t, AttentionVariant::Auto)?);
         let logits = if all_logits {
             let l = gpu.tensor(
                 "prefill logits",

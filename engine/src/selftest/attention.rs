@@ -1,7 +1,7 @@
 //! Checks for the attention kernels: causal and not, grouped-query heads, cross-attention, decode
 //! steps served by one prebuilt dispatch (kv_len and q_pos0 changed between runs), prefill after a
 //! cache prefix, head dims 32..160, f16 K/V under f32 q/out and all-f16, views at offsets (vector and
-//! scalar loads), both variants and both row-max reductions. K/V rows past kv_len are NaN, so a read
+//! scalar loads), every variant and both row-max reductions. K/V rows past kv_len are NaN, so a read
 //! of one shows up in the output.
 //!
 //! The cooperative-matrix variant (experimental, not chosen by `Auto`: wrong on the H200, see
@@ -206,6 +206,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             },
         ]);
     }
+    cases.extend(row_cases(gpu));
     if coop_available(&gpu.caps)
         && std::env::var_os("DRIFT_SELFTEST_COOP_ATTENTION").is_some_and(|v| v == "1")
     {
@@ -216,6 +217,64 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         out.extend(check(gpu, rng, case)?);
     }
     Ok(out)
+}
+
+/// The one-pass decode variant (one workgroup per query row), at the head dims this device runs it
+/// with: decode steps of one prebuilt dispatch (NaN K/V past kv_len), key counts that leave subgroups
+/// idle or with partial tiles, several query rows (causal limits per row), a steep softmax, grouped
+/// heads as the LLMs have them, views, and f16.
+fn row_cases(gpu: &Gpu) -> Vec<Case> {
+    use AttentionVariant::DecodeRow;
+    let (f, h) = (DType::F32, DType::F16);
+    let mut cases = vec![
+        Case::new(1, 1, 1024, 8, 2, 64, true)
+            .variant(DecodeRow)
+            .steps(&[(1, 0), (5, 4), (300, 299), (1000, 999), (0, 0)]),
+        Case::new(1, 17, 17, 4, 2, 32, true).variant(DecodeRow),
+        Case::new(2, 3, 77, 2, 2, 32, false).variant(DecodeRow),
+        Case {
+            scale: Some(1.0),
+            ..Case::new(1, 9, 20, 2, 1, 128, true)
+                .variant(DecodeRow)
+                .steps(&[(20, 11)])
+        },
+        Case::new(1, 2, 300, 4, 2, 256, true)
+            .variant(DecodeRow)
+            .steps(&[(300, 298), (37, 35)]),
+        Case::new(1, 1, 700, 9, 3, 64, true)
+            .variant(DecodeRow)
+            .steps(&[(640, 639), (33, 32)]),
+        Case {
+            q_offset: 8,
+            kv_offset: 12,
+            out_offset: 4,
+            ..Case::new(1, 1, 64, 4, 1, 32, true)
+                .variant(DecodeRow)
+                .steps(&[(40, 39)])
+        },
+        Case {
+            q_offset: 2,
+            kv_offset: 3,
+            out_offset: 6,
+            ..Case::new(1, 1, 64, 4, 1, 32, true)
+                .variant(DecodeRow)
+                .steps(&[(63, 62)])
+        },
+    ];
+    if gpu.caps.f16 {
+        cases.extend([
+            Case::new(1, 1, 700, 32, 8, 128, true)
+                .dtypes(h, h, h)
+                .variant(DecodeRow)
+                .steps(&[(640, 639), (129, 128)]),
+            Case::new(1, 1, 1024, 8, 2, 64, true)
+                .dtypes(f, h, f)
+                .variant(DecodeRow)
+                .steps(&[(5, 4), (1000, 999)]),
+        ]);
+    }
+    cases.retain(|c| crate::kernels::attention_row::row_available(&gpu.caps, c.head_dim));
+    cases
 }
 
 /// [`coop_cases`] through the emulated cooperative kernel (any device with f16).

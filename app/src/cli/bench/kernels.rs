@@ -3,6 +3,7 @@
 use anyhow::Result;
 use drift_engine::kernels::activation::{UnaryOp, unary};
 use drift_engine::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use drift_engine::kernels::attention_row;
 use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
 use drift_engine::kernels::elementwise::{BinaryOp, binary};
@@ -341,6 +342,36 @@ pub fn run_all(
         let dispatches = attention(gpu, &q, &k, &v, &o, &step, &opts)?;
         let note = dispatches[0].name.clone();
         report(measure(gpu, name, &dispatches, reps.min(5), &note)?);
+    }
+    // Decode attention of the benchmark LLMs, split-sequence against one-pass, by KV length: where
+    // decode programs should switch from one to the other (`attention_row::ROW_MAX_KV`).
+    for (model, hq, hkv, d) in [("135m", 9, 3, 64), ("1b", 32, 8, 64), ("8b", 32, 8, 128)] {
+        for kv in [256usize, 512, 1024, 2048, 4096] {
+            for (label, variant) in [
+                ("split", AttentionVariant::Decode),
+                ("row", AttentionVariant::DecodeRow),
+            ] {
+                let name = format!("attndecode {model} kv {kv} {label}");
+                if !wanted(&name)
+                    || (variant == AttentionVariant::DecodeRow
+                        && !attention_row::row_available(&gpu.caps, d))
+                {
+                    continue;
+                }
+                gpu.write_tensor_bytes(&step, bytemuck_pair(kv as u32, kv as u32 - 1).as_slice())?;
+                let q = act(&[1, 1, hq, d], dt)?;
+                let k = act(&[1, kv, hkv, d], dt)?;
+                let v = act(&[1, kv, hkv, d], dt)?;
+                let o = act(&[1, 1, hq, d], dt)?;
+                let opts = AttentionOptions {
+                    causal: true,
+                    variant,
+                    ..Default::default()
+                };
+                let dispatches = attention(gpu, &q, &k, &v, &o, &step, &opts)?;
+                report(measure(gpu, &name, &dispatches, reps.min(20), "")?);
+            }
+        }
     }
     // Stable Diffusion 1.5 building blocks at 512x512, batch 2 (CFG).
     conv_cases(gpu, reps, filter, report)?;

@@ -195,7 +195,12 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let m = &s.model;
     m.set_step(gpu, prompt.len() + 1, prompt.len())?;
     let mut step = Program::new();
-    step.extend(m.decode_program().dispatches.iter().cloned());
+    step.extend(
+        m.decode_program(prompt.len() + 1)
+            .dispatches
+            .iter()
+            .cloned(),
+    );
     // The model's greedy selection moves the step state on after each step; repeated here (the floors
     // below run up to 32 steps in one buffer) it would walk past the cache, so this one stays put.
     let ids = m.ids.view(0, &[1])?;

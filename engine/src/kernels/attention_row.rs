@@ -1,0 +1,228 @@
+//! The one-pass decode variant of [`crate::kernels::attention`] (`shaders/attention_decode_row.wgsl`):
+//! one workgroup per query row walks the whole KV sequence, so a decode step's attention is one
+//! dispatch with no partial rows to merge. Its subgroups split the keys among themselves and meet in
+//! workgroup memory; the shader's header has the lane layout.
+//!
+//! It reads all of a KV head's rows in one workgroup (one SM), so it wins while the context is short
+//! and the split-sequence variant (many workgroups per head, then a merge dispatch) wins on long ones:
+//! decode programs pick between them by the step's KV length (see [`ROW_MAX_KV`]).
+
+use crate::error::{DriftError, Result};
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::{Caps, Gpu};
+use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, vec4_ok};
+use crate::kernels::{KernelSpec, grid};
+use crate::shader;
+use crate::tensor::Tensor;
+
+/// Largest KV length for which decode programs use this variant (default; `DRIFT_ATTENTION_ROW_MAX`
+/// overrides it, 0 switches the variant off).
+pub const ROW_MAX_KV: usize = 1024;
+
+/// KV length up to which decode uses the one-pass variant: [`ROW_MAX_KV`] or the override.
+pub fn row_max_kv() -> usize {
+    match std::env::var("DRIFT_ATTENTION_ROW_MAX") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            eprintln!("warning: DRIFT_ATTENTION_ROW_MAX={v:?} is not a number; using {ROW_MAX_KV}");
+            ROW_MAX_KV
+        }),
+        Err(_) => ROW_MAX_KV,
+    }
+}
+
+/// Invocations per workgroup the variant aims for (8 subgroups of 32).
+const THREADS: u32 = 256;
+
+/// Lane layout for head dim `d` on subgroups of `s` lanes: `lg` lanes share a key (each `cv` vec4
+/// columns), `s / lg` key groups per subgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLanes {
+    pub s: usize,
+    pub lg: usize,
+    pub cv: usize,
+}
+
+impl RowLanes {
+    /// The layout, or why this device / head dim cannot run the variant.
+    pub fn new(caps: &Caps, d: usize) -> std::result::Result<RowLanes, String> {
+        if !caps.subgroup {
+            return Err("needs subgroups".into());
+        }
+        let s = caps.subgroup_max_size as usize;
+        if caps.subgroup_min_size as usize != s || !s.is_power_of_two() || s < 4 {
+            return Err(format!(
+                "needs one fixed power-of-two subgroup size (device: {}..{})",
+                caps.subgroup_min_size, caps.subgroup_max_size
+            ));
+        }
+        if (caps.max_invocations_per_workgroup as usize) < s {
+            return Err("needs a subgroup's worth of invocations per workgroup".into());
+        }
+        let dc = d / 4;
+        let lg = dc.min(s);
+        if !d.is_multiple_of(4) || !dc.is_multiple_of(lg) || !s.is_multiple_of(lg) {
+            return Err(format!(
+                "head dim {d}: its {dc} vec4 columns and {s}-lane subgroups must divide one another"
+            ));
+        }
+        Ok(RowLanes { s, lg, cv: dc / lg })
+    }
+
+    fn threads(&self, caps: &Caps) -> usize {
+        let max = (caps.max_invocations_per_workgroup.min(THREADS) as usize).max(self.s);
+        max / self.s * self.s
+    }
+}
+
+/// Whether this device runs the variant at head dim `d`.
+pub fn row_available(caps: &Caps, d: usize) -> bool {
+    RowLanes::new(caps, d).is_ok()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_row(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    dims: &Dims,
+    scale: f32,
+    causal: bool,
+) -> Result<Dispatch> {
+    let d = dims.d;
+    let lanes = RowLanes::new(&gpu.caps, d)
+        .map_err(|why| DriftError::Unsupported(format!("attention: one-pass decode {why}")))?;
+    let nt = lanes.threads(&gpu.caps);
+    let tag = dtype_tag(q, k, out);
+    let spec = KernelSpec::new(
+        format!(
+            "attention_decode_row_d{d}_{tag}{}",
+            if causal { "_causal" } else { "" }
+        ),
+        shader!("attention_decode_row.wgsl"),
+        "main",
+    )
+    .defines(io_defines(q, k, v, out))
+    .define("OV", flag(vec4_ok(out)))
+    .define("D", d)
+    .define("S", lanes.s)
+    .define("NT", nt)
+    .define("LG", lanes.lg)
+    .define("CAUSAL", flag(causal))
+    .defines(row_bodies(&lanes, v_early()));
+    let kernel = gpu.kernel(&spec)?;
+    let rows = dims.b * dims.lq * dims.hq;
+    let params = [
+        dims.lq as u32,
+        dims.lkv as u32,
+        dims.hq as u32,
+        dims.hkv as u32,
+        rows as u32,
+        scale.to_bits(),
+    ];
+    let flops = 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(causal);
+    gpu.dispatch(
+        &kernel,
+        &params,
+        &[q, k, v, step, out],
+        grid(rows as u32, gpu.caps.max_workgroups_per_dimension),
+        Cost {
+            flops,
+            bytes: (q.byte_len() + k.byte_len() + v.byte_len() + out.byte_len()) as f64,
+        },
+    )
+}
+
+/// Whether a tile's V loads go out with its K loads (one memory round trip per tile, more live
+/// registers) or after the scores (`DRIFT_ATTENTION_ROW_VLATE=1`, for A/B timing).
+fn v_early() -> bool {
+    std::env::var_os("DRIFT_ATTENTION_ROW_VLATE").is_none_or(|v| v != "1")
+}
+
+/// `n` generated statements, one per line, indented for the shader's loop body.
+fn lines(n: usize, f: impl Fn(usize) -> String) -> String {
+    (0..n)
+        .map(|i| format!("        {}\n", f(i)))
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+/// The generated blocks of the shader (see its header): every private name indexed by a constant.
+fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
+    let (lg, cv) = (l.lg, l.cv);
+    // Key i of the lane's group, its vec4 column set cc.
+    let k_at = |i: usize, cc: usize| {
+        format!(
+            "load_k(kb + min(g0 + {i}u, last) * stride + {}u)",
+            4 * lg * cc
+        )
+    };
+    let v_at = |i: usize, cc: usize| {
+        format!(
+            "load_v(vb + min(g0 + {i}u, last) * stride + {}u)",
+            4 * lg * cc
+        )
+    };
+    let qregs = lines(cv, |cc| format!("let qc{cc} = q_s[c + {}u];", lg * cc));
+    let acc_decl = lines(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
+    let loads = lines(lg, |i| {
+        let mut s: String = (0..cv)
+            .map(|cc| format!("let kr{i}_{cc} = {}; ", k_at(i, cc)))
+            .collect();
+        if v_early {
+            s.extend((0..cv).map(|cc| format!("let vr{i}_{cc} = {}; ", v_at(i, cc))));
+        }
+        s.trim_end().to_string()
+    });
+    // Partial dots, then the reduce-scatter: at distance o a lane keeps the half of its values whose
+    // index has bit o equal to its own lane's, adding the partner's copy of that half.
+    let mut score = lines(lg, |i| {
+        let dots: Vec<String> = (0..cv)
+            .map(|cc| format!("dot(qc{cc}, kr{i}_{cc})"))
+            .collect();
+        format!("var v{i} = {};", dots.join(" + "))
+    });
+    let mut o = lg / 2;
+    while o >= 1 {
+        let body: String = (0..o)
+            .map(|i| {
+                format!(
+                    " {{ let keep = select(v{i}, v{j}, hi); let send = select(v{j}, v{i}, hi); \
+                     v{i} = keep + subgroupShuffleXor(send, {o}u); }}",
+                    j = i + o
+                )
+            })
+            .collect();
+        score.push_str(&format!("\n        {{ let hi = (c & {o}u) != 0u;{body} }}"));
+        o /= 2;
+    }
+    let mut pv = lines(cv, |cc| format!("acc{cc} *= alpha;"));
+    pv.push('\n');
+    pv.push_str(&lines(lg, |i| {
+        let acc: String = (0..cv)
+            .map(|cc| {
+                let vr = if v_early {
+                    format!("vr{i}_{cc}")
+                } else {
+                    v_at(i, cc)
+                };
+                format!(" acc{cc} += pu * {vr};")
+            })
+            .collect();
+        format!("{{ let pu = subgroupShuffle(pj, kg * LG + {i}u);{acc} }}")
+    }));
+    let acc_store = lines(cv, |cc| {
+        format!("acc_s[(sg * KGL + kg) * DC + c + {}u] = acc{cc};", lg * cc)
+    });
+    vec![
+        ("QREGS", qregs),
+        ("ACC_DECL", acc_decl),
+        ("LOADS", loads),
+        ("SCORE", score),
+        ("PV", pv),
+        ("ACC_STORE", acc_store),
+    ]
+}
