@@ -91,7 +91,7 @@ fn smollm2_answers_paris_like_transformers() {
     if gpu.caps.subgroup {
         let names: Vec<&str> = s
             .model
-            .decode_program()
+            .decode_program(prompt.len() + 1)
             .dispatches
             .iter()
             .map(|d| d.name.as_str())
