@@ -3,7 +3,8 @@
 // with the fused prologues / epilogues of matvec_fuse.wgsl (appended: RMSNorm or SwiGLU of the input,
 // residual add of the output; x_in4 / x_in1 give the input, write_out stores).
 // w is one row shard [rows, K] of a weight (row-major); out rows start at row0 of an [NB, ldo] output.
-// A workgroup covers RPW = 8 rows; each row is reduced by one team of lanes that stride along K:
+// A workgroup covers RPW rows (8, or with SG 8 x 2^n: each subgroup then takes several rows in turn,
+// sharing the workgroup's staged input); each row is reduced by one team of lanes that stride along K:
 // with SG the team is a hardware subgroup (any size; rows rr = subgroup_id, += num_subgroups) and the
 // partial sums meet in subgroupAdd, otherwise the team is 32 invocations and they meet in a
 // workgroup-memory tree. W is read once, 16 bytes per lane and load (8 f16 as vec4<u32> unpacked
@@ -16,7 +17,7 @@
 // With one activation row and a prologue, matvec_fuse.wgsl's STAGE has the workgroup apply the prologue
 // once into workgroup memory (stage_x) before the rows read it.
 //
-// Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), WF16 (f16 weight),
+// Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), RPW, WF16 (f16 weight),
 // VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
 // BIAS, NORM, SWIGLU, RES (with their types and bindings), the paired-row epilogues (PAIRS with GLU or
 // ROPE) and STAGE, XS, STAGE_TAIL.
@@ -54,7 +55,7 @@ struct Params {
 
 const NB = {{NB}}u;
 const WG = {{WG}}u;
-const RPW = 8u;
+const RPW = {{RPW}}u;
 #ifnot SG
 const TS = 32u; // team size of the workgroup-memory variant
 var<workgroup> red: array<Red, NB * WG>;

@@ -16,8 +16,10 @@ use crate::shader;
 use crate::tensor::Tensor;
 
 /// Largest KV length for which decode programs use this variant (default; `DRIFT_ATTENTION_ROW_MAX`
-/// overrides it, 0 switches the variant off).
-pub const ROW_MAX_KV: usize = 1024;
+/// overrides it, 0 switches the variant off). On the H200 (`drift bench kernels --filter attndecode`,
+/// 2026-11-30) it beat split + merge at every length up to 2048 for SmolLM2-135M, Llama 3.2 1B and
+/// Llama 3.1 8B shapes, and broke even with it near 4096 for the 8B one.
+pub const ROW_MAX_KV: usize = 2048;
 
 /// KV length up to which decode uses the one-pass variant: [`ROW_MAX_KV`] or the override.
 pub fn row_max_kv() -> usize {

@@ -79,6 +79,10 @@ pub struct MatvecOptions<'a> {
     /// has left beside the kernel's other workgroup memory). Tests set it small to exercise the
     /// partly staged path, 0 to turn staging off.
     pub max_stage_bytes: Option<u32>,
+    /// Rows per workgroup of the subgroup kernel (8, 16, 32 or 64; more rows share one staged input).
+    /// `None`: 8, or `DRIFT_MATVEC_ROWS` where the product keeps enough workgroups (see
+    /// [`rows_per_workgroup`]). The paired-row epilogues need a whole number of workgroups.
+    pub rows_per_workgroup: Option<usize>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -202,9 +206,29 @@ pub fn matvec_shards(
             .define("SG", u8::from(sg))
             .defines(fusion.defines.clone())
             .defines(stage.defines());
-        let kernel = gpu.kernel(&spec)?;
         let rows = w.shape[0];
-        let groups = rows.div_ceil(ROWS_PER_WORKGROUP) as u32;
+        let pairs = opts.glu || opts.rope.is_some();
+        let rpw = match (sg, opts.rows_per_workgroup) {
+            (false, _) => ROWS_PER_WORKGROUP,
+            (true, None) => rows_per_workgroup(rows, pairs),
+            (true, Some(r)) if [8, 16, 32, 64].contains(&r) && !(pairs && rows % r != 0) => r,
+            (true, Some(r)) => {
+                return Err(shape_err!(
+                    "matvec: {r} rows per workgroup: must be 8, 16, 32 or 64, and divide the {rows} rows of a paired-row epilogue"
+                ));
+            }
+        };
+        let spec = if rpw == ROWS_PER_WORKGROUP {
+            spec
+        } else {
+            KernelSpec {
+                name: format!("{}_r{rpw}", spec.name),
+                ..spec
+            }
+        }
+        .define("RPW", rpw);
+        let kernel = gpu.kernel(&spec)?;
+        let groups = rows.div_ceil(rpw) as u32;
         let params = [
             rows as u32,
             k as u32,
@@ -227,6 +251,29 @@ pub fn matvec_shards(
         )?);
     }
     Ok(ds)
+}
+
+/// Rows per workgroup of the subgroup kernel for a shard of `rows` rows: 8 (one per subgroup), or with
+/// `DRIFT_MATVEC_ROWS=16|32|64` that many where the shard still gets enough workgroups (>= 512) and,
+/// for the paired-row epilogues, whole workgroups (for A/B timing: unmeasured, so off by default).
+fn rows_per_workgroup(rows: usize, pairs: bool) -> usize {
+    let want = std::env::var("DRIFT_MATVEC_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|r| [8, 16, 32, 64].contains(r))
+        .unwrap_or(ROWS_PER_WORKGROUP);
+    rows_rule(rows, pairs, want)
+}
+
+/// [`rows_per_workgroup`]'s rule for a requested `want` rows per workgroup.
+fn rows_rule(rows: usize, pairs: bool, want: usize) -> usize {
+    let mut rpw = want;
+    while rpw > ROWS_PER_WORKGROUP
+        && (rows.div_ceil(rpw) < 512 || (pairs && !rows.is_multiple_of(rpw)))
+    {
+        rpw /= 2;
+    }
+    rpw
 }
 
 /// Checks the activations and fusion options of a matrix-vector product with a weight `[n, k]`: x
@@ -605,5 +652,19 @@ mod tests {
         assert_eq!(Stage::OFF.suffix(), "");
         // Partial vec4s and small K round up to whole steps.
         assert_eq!(Stage::fit(32 << 10, None, 130, 0, 1).vec4s, 64);
+    }
+
+    #[test]
+    fn rows_per_workgroup_keeps_workgroups_and_pairs_whole() {
+        // Llama 3.2 1B's gate-up (32768 rows): 32 rows still make 1024 workgroups.
+        assert_eq!(rows_rule(32768, true, 32), 32);
+        // Its QKV (3072 rows): 16 rows would leave 192 workgroups, so 8.
+        assert_eq!(rows_rule(3072, true, 16), 8);
+        // The LM head (128256 rows, no pairs): 64 rows, 2004 workgroups with a partial last one.
+        assert_eq!(rows_rule(128256, false, 64), 64);
+        // Pairs need whole workgroups: 8200 rows at 16 would split one.
+        assert_eq!(rows_rule(8200, true, 16), 8);
+        assert_eq!(rows_rule(8200, false, 16), 16);
+        assert_eq!(rows_rule(100, false, 8), 8);
     }
 }

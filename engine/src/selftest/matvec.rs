@@ -246,6 +246,8 @@ pub struct Case {
     pub max_shard_bytes: Option<u64>,
     /// [`MatvecOptions::max_stage_bytes`].
     pub max_stage_bytes: Option<u32>,
+    /// [`MatvecOptions::rows_per_workgroup`].
+    pub rows_per_workgroup: Option<usize>,
     pub fuse: Fuse,
 }
 
@@ -274,6 +276,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 variant,
                 max_shard_bytes: None,
                 max_stage_bytes: None,
+                rows_per_workgroup: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -355,8 +358,63 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         for case in staged_cases(gpu, w_dtype, io, variant) {
             out.push(check(gpu, rng, &case)?);
         }
+        if variant == MatvecVariant::Subgroup {
+            for case in row_group_cases(w_dtype, io) {
+                out.push(check(gpu, rng, &case)?);
+            }
+        }
     }
     Ok(out)
+}
+
+/// More rows per workgroup than subgroups (each subgroup takes several rows after one staged
+/// input): the GLU epilogue over 16- and 32-row workgroups, the staged norm with a partial last
+/// workgroup, batch rows with scalar loads, the residual in place.
+fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
+    let c = |batch, n, k, x_dtype, fuse, rows| Case {
+        batch,
+        n,
+        k,
+        w_dtype,
+        x_dtype,
+        out_dtype: DType::F32,
+        bias: false,
+        w_offset: 0,
+        x_offset: 0,
+        variant: MatvecVariant::Subgroup,
+        max_shard_bytes: None,
+        max_stage_bytes: None,
+        rows_per_workgroup: Some(rows),
+        fuse,
+    };
+    let glu = Fuse {
+        glu: true,
+        ..Fuse::norm(DType::F32)
+    };
+    vec![
+        Case {
+            out_dtype: io,
+            ..c(1, 64, 256, DType::F32, glu, 32)
+        },
+        Case {
+            out_dtype: io,
+            ..c(1, 48, 130, DType::F32, glu, 16)
+        },
+        c(1, 37, 256, DType::F32, Fuse::norm(DType::F32), 16),
+        c(1, 75, 256, DType::F32, Fuse::norm(DType::F32), 64),
+        c(3, 19, 130, DType::F32, Fuse::norm(DType::F32), 32),
+        c(
+            1,
+            37,
+            256,
+            io,
+            Fuse {
+                residual: Residual::InPlace,
+                ..Fuse::default()
+            },
+            32,
+        ),
+    ]
 }
 
 /// The fused cases as a decoder layer uses them (QKV / gate-up: norm of the f32 residual stream;
@@ -377,6 +435,7 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         variant,
         max_shard_bytes: None,
         max_stage_bytes: None,
+        rows_per_workgroup: None,
         fuse,
     };
     let norm = Fuse::norm;
@@ -488,6 +547,7 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         variant,
         max_shard_bytes: None,
         max_stage_bytes,
+        rows_per_workgroup: None,
         fuse,
     };
     let norm = Fuse::norm(DType::F32);
@@ -553,6 +613,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             variant: c.variant,
             max_shard_bytes: c.max_shard_bytes,
             max_stage_bytes: c.max_stage_bytes,
+            rows_per_workgroup: c.rows_per_workgroup,
             ..Default::default()
         },
     );
@@ -592,6 +653,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if let Some(m) = c.max_stage_bytes {
         name += &format!(" stage<={m}B");
+    }
+    if let Some(r) = c.rows_per_workgroup {
+        name += &format!(" {r} rows/wg");
     }
     name += staged;
     Ok(compare(

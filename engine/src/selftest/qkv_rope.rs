@@ -292,7 +292,24 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     }
     for variant in variants {
         for &(s, k, w_dtype, norm) in &products {
-            out.push(check_epilogue(gpu, rng, &s, k, w_dtype, norm, variant)?);
+            out.push(check_epilogue(
+                gpu, rng, &s, k, w_dtype, norm, variant, None,
+            )?);
+        }
+    }
+    if gpu.caps.subgroup {
+        // Float weights over 16- and 32-row workgroups (several rows per subgroup).
+        for (s, k, rows) in [(base, 64, 32), (small, 256, 16)] {
+            out.push(check_epilogue(
+                gpu,
+                rng,
+                &s,
+                k,
+                io,
+                true,
+                MatvecVariant::Subgroup,
+                Some(rows),
+            )?);
         }
     }
     if gpu.caps.subgroup {
@@ -317,6 +334,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 w_dtype,
                 norm,
                 MatvecVariant::Auto,
+                None,
             )?);
         }
     }
@@ -362,6 +380,7 @@ fn check_epilogue(
     w_dtype: DType,
     norm: bool,
     variant: MatvecVariant,
+    rows_per_workgroup: Option<usize>,
 ) -> Result<Check> {
     let n = s.rows();
     let (w, wv) = if w_dtype.is_quantized() {
@@ -404,6 +423,7 @@ fn check_epilogue(
             &q,
             MatvecOptions {
                 variant,
+                rows_per_workgroup,
                 ..Default::default()
             },
         )

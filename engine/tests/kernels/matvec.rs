@@ -217,7 +217,7 @@ fn matvec_specialisations_compile() {
         for (nb, wg) in [("1", "256"), ("8", "256"), ("3", "64")] {
             for (norm, swiglu) in prologues {
                 for mut d in combos(
-                    &[("TX", tx), ("TO", to), ("NB", nb), ("WG", wg)],
+                    &[("TX", tx), ("TO", to), ("NB", nb), ("WG", wg), ("RPW", "8")],
                     &["WF16", "VEC", "SG", "BIAS", "RES", "GV4"],
                 ) {
                     let vec = d.iter().find(|(k, _)| *k == "VEC").unwrap().1.clone();
@@ -237,6 +237,7 @@ fn matvec_specialisations_compile() {
                 ("TO", "f16"),
                 ("NB", "1"),
                 ("WG", "256"),
+                ("RPW", "32"),
                 ("F16", "1"),
                 ("GV4", "1"),
                 ("SWIGLU", "0"),
@@ -302,7 +303,7 @@ fn matvec_staged_specialisations_compile() {
     for (norm, swiglu) in [("1", "0"), ("0", "1")] {
         for (tx, xs) in [("f32", "64"), ("f16", "3072")] {
             for mut d in combos(
-                &[("TX", tx), ("TO", "f32"), ("WG", "256")],
+                &[("TX", tx), ("TO", "f32"), ("WG", "256"), ("RPW", "16")],
                 &["WF16", "VEC", "SG", "BIAS", "RES", "STAGE_TAIL"],
             ) {
                 let vec = d.iter().find(|(k, _)| *k == "VEC").unwrap().1.clone();
