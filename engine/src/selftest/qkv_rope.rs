@@ -372,6 +372,7 @@ fn check_split(gpu: &Gpu, rng: &mut Rng, s: &Split, tokens: usize) -> Result<Che
 }
 
 /// The RoPE epilogue of a `[rows, k]` product (with an RMSNorm prologue when `norm`).
+#[allow(clippy::too_many_arguments)]
 fn check_epilogue(
     gpu: &Gpu,
     rng: &mut Rng,
