@@ -32,8 +32,17 @@ pub fn row_max_kv() -> usize {
     }
 }
 
-/// Invocations per workgroup the variant aims for (8 subgroups of 32).
+/// Invocations per workgroup the variant aims for (8 subgroups of 32; `DRIFT_ATTENTION_ROW_THREADS`
+/// = 128..1024 for A/B timing).
 const THREADS: u32 = 256;
+
+fn threads_wanted() -> u32 {
+    std::env::var("DRIFT_ATTENTION_ROW_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|t| [128, 256, 512, 1024].contains(t))
+        .unwrap_or(THREADS)
+}
 
 /// Lane layout for head dim `d` on subgroups of `s` lanes: `lg` lanes share a key (each `cv` vec4
 /// columns), `s / lg` key groups per subgroup.
@@ -71,7 +80,7 @@ impl RowLanes {
     }
 
     fn threads(&self, caps: &Caps) -> usize {
-        let max = (caps.max_invocations_per_workgroup.min(THREADS) as usize).max(self.s);
+        let max = (caps.max_invocations_per_workgroup.min(threads_wanted()) as usize).max(self.s);
         max / self.s * self.s
     }
 }
@@ -100,8 +109,13 @@ pub(crate) fn decode_row(
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
         format!(
-            "attention_decode_row_d{d}_{tag}{}",
-            if causal { "_causal" } else { "" }
+            "attention_decode_row_d{d}_{tag}{}{}",
+            if causal { "_causal" } else { "" },
+            if nt == THREADS as usize {
+                String::new()
+            } else {
+                format!("_t{nt}")
+            }
         ),
         shader!("attention_decode_row.wgsl"),
         "main",
