@@ -18,7 +18,8 @@
 // once into workgroup memory (stage_x) before the rows read it.
 //
 // Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), RPW, WF16 (f16 weight),
-// VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, and matvec_fuse.wgsl's
+// VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, PF (with SG, VEC and
+// STAGE: each subgroup's first row's first loads issued before the staging), and matvec_fuse.wgsl's
 // BIAS, NORM, SWIGLU, RES (with their types and bindings), the paired-row epilogues (PAIRS with GLU or
 // ROPE) and STAGE, XS, STAGE_TAIL.
 #if F16
@@ -71,6 +72,7 @@ var<private> acc: Acc;
 #if VEC
 #if WF16
 const CW = 8u; // elements per W load
+alias WT = vec4<u32>;
 fn wload(i: u32) -> vec4<u32> {
     return w[i];
 }
@@ -84,6 +86,7 @@ fn fma_chunk(wv: vec4<u32>, b: u32, c: u32, a: vec4<f32>) -> vec4<f32> {
 }
 #else
 const CW = 4u;
+alias WT = vec4<f32>;
 fn wload(i: u32) -> vec4<f32> {
     return w[i];
 }
@@ -186,14 +189,11 @@ fn add1(wv: f32, e: u32) {
 }
 #endif
 
-// acc = this lane's partial sums of row `row` (lanes `lane`, stride `ts`), four loads in flight.
-fn partial(row: u32, lane: u32, ts: u32) {
-    acc = Acc();
-    fuse_begin_row();
 #if VEC
-    let wrow = (tensor_base(1u) + row * p.k) / CW;
-    let nc = p.k / CW;
-    var c = lane;
+// Adds chunks c, c + ts, ... of the weight row starting at chunk `wrow` (nc chunks), four loads in
+// flight.
+fn partial_from(wrow: u32, nc: u32, c0: u32, ts: u32) {
+    var c = c0;
     for (; c + 3u * ts < nc; c += 4u * ts) {
         let w0 = wload(wrow + c);
         let w1 = wload(wrow + c + ts);
@@ -207,6 +207,53 @@ fn partial(row: u32, lane: u32, ts: u32) {
     for (; c < nc; c += ts) {
         add_chunk(wload(wrow + c), c);
     }
+}
+#endif
+
+#if PF
+// The first four chunks of a subgroup's first row, loaded before the input is staged so that their
+// memory latency overlaps the staging (chunks past the row re-read its last one and go unused).
+struct Pre {
+    w0: WT, w1: WT, w2: WT, w3: WT,
+}
+
+fn prefetch(row: u32, lane: u32, ts: u32) -> Pre {
+    let wrow = (tensor_base(1u) + row * p.k) / CW;
+    let last = p.k / CW - 1u;
+    return Pre(
+        wload(wrow + min(lane, last)), wload(wrow + min(lane + ts, last)),
+        wload(wrow + min(lane + 2u * ts, last)), wload(wrow + min(lane + 3u * ts, last)),
+    );
+}
+
+// partial() of a row whose first four chunks are `pre`.
+fn partial_pre(row: u32, lane: u32, ts: u32, pre: Pre) {
+    acc = Acc();
+    fuse_begin_row();
+    let wrow = (tensor_base(1u) + row * p.k) / CW;
+    let nc = p.k / CW;
+    if lane < nc {
+        add_chunk(pre.w0, lane);
+    }
+    if lane + ts < nc {
+        add_chunk(pre.w1, lane + ts);
+    }
+    if lane + 2u * ts < nc {
+        add_chunk(pre.w2, lane + 2u * ts);
+    }
+    if lane + 3u * ts < nc {
+        add_chunk(pre.w3, lane + 3u * ts);
+    }
+    partial_from(wrow, nc, lane + 4u * ts, ts);
+}
+#endif
+
+// acc = this lane's partial sums of row `row` (lanes `lane`, stride `ts`), four loads in flight.
+fn partial(row: u32, lane: u32, ts: u32) {
+    acc = Acc();
+    fuse_begin_row();
+#if VEC
+    partial_from((tensor_base(1u) + row * p.k) / CW, p.k / CW, lane, ts);
 #else
     let wrow = tensor_base(1u) + row * p.k;
     var e = lane;
@@ -245,6 +292,15 @@ fn matvec(
 #endif
 ) {
     let first = (wid.x + wid.y * nwg.x) * RPW;
+#if PF
+    // The subgroup's first row (rr = sg below), clamped into the weight.
+#if PAIRS
+    let pf_row = pair_row(first, sg);
+#else
+    let pf_row = min(first + sg, p.rows - 1u);
+#endif
+    let pre = prefetch(pf_row, lane, sgs);
+#endif
 #if STAGE
 #if SG
     stage_x(lid, sg, nsg, lane);
@@ -261,13 +317,29 @@ fn matvec(
         }
 #if PAIRS
         let wrow = pair_row(first, rr);
+#if PF
+        if rr == sg {
+            partial_pre(wrow, lane, sgs, pre);
+        } else {
+            partial(wrow, lane, sgs);
+        }
+#else
         partial(wrow, lane, sgs);
+#endif
         let s = subgroupAdd(red_pack(hsum(acc.a0), 0u));
         if lane == 0u {
             pair_keep(rr, wrow, s);
         }
 #else
+#if PF
+        if rr == sg {
+            partial_pre(row, lane, sgs, pre);
+        } else {
+            partial(row, lane, sgs);
+        }
+#else
         partial(row, lane, sgs);
+#endif
         reduce_write(row, lane, 0u, acc.a0);
         if NB > 1u {
             reduce_write(row, lane, 1u, acc.a1);

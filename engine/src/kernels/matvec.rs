@@ -83,6 +83,9 @@ pub struct MatvecOptions<'a> {
     /// `None`: the default rule ([`rows_per_workgroup`]). The paired-row epilogues need a whole number
     /// of workgroups.
     pub rows_per_workgroup: Option<usize>,
+    /// Staged subgroup kernels: issue each subgroup's first weight loads before staging the input.
+    /// `None`: `DRIFT_MATVEC_PREFETCH=1` (off by default).
+    pub prefetch: Option<bool>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -194,7 +197,10 @@ pub fn matvec_shards(
             stage.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
+        let pf = sg && vec && stage.vec4s > 0 && opts.prefetch.unwrap_or_else(prefetch_on);
+        let name = if pf { format!("{name}_pf") } else { name };
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
+            .define("PF", u8::from(pf))
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(f16))
@@ -251,6 +257,12 @@ pub fn matvec_shards(
         )?);
     }
     Ok(ds)
+}
+
+/// Whether staged subgroup kernels issue each subgroup's first weight loads before staging the input
+/// (`DRIFT_MATVEC_PREFETCH=1`; off until measured on the target GPU).
+fn prefetch_on() -> bool {
+    std::env::var_os("DRIFT_MATVEC_PREFETCH").is_some_and(|v| v == "1")
 }
 
 /// Rows per workgroup of the subgroup kernel by default (`DRIFT_MATVEC_ROWS=8|16|32|64` overrides it):

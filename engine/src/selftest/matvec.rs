@@ -248,6 +248,8 @@ pub struct Case {
     pub max_stage_bytes: Option<u32>,
     /// [`MatvecOptions::rows_per_workgroup`].
     pub rows_per_workgroup: Option<usize>,
+    /// [`MatvecOptions::prefetch`].
+    pub prefetch: Option<bool>,
     pub fuse: Fuse,
 }
 
@@ -277,6 +279,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 max_shard_bytes: None,
                 max_stage_bytes: None,
                 rows_per_workgroup: None,
+                prefetch: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -362,6 +365,17 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             for case in row_group_cases(w_dtype, io) {
                 out.push(check(gpu, rng, &case)?);
             }
+            // The staged cases again with the first weight loads issued before the staging.
+            for case in staged_cases(gpu, w_dtype, io, variant)
+                .into_iter()
+                .chain(row_group_cases(w_dtype, io))
+            {
+                let case = Case {
+                    prefetch: Some(true),
+                    ..case
+                };
+                out.push(check(gpu, rng, &case)?);
+            }
         }
     }
     Ok(out)
@@ -385,6 +399,7 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         max_shard_bytes: None,
         max_stage_bytes: None,
         rows_per_workgroup: Some(rows),
+        prefetch: None,
         fuse,
     };
     let glu = Fuse {
@@ -436,6 +451,7 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         max_shard_bytes: None,
         max_stage_bytes: None,
         rows_per_workgroup: None,
+        prefetch: None,
         fuse,
     };
     let norm = Fuse::norm;
@@ -548,6 +564,7 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         max_shard_bytes: None,
         max_stage_bytes,
         rows_per_workgroup: None,
+        prefetch: None,
         fuse,
     };
     let norm = Fuse::norm(DType::F32);
@@ -614,6 +631,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             max_shard_bytes: c.max_shard_bytes,
             max_stage_bytes: c.max_stage_bytes,
             rows_per_workgroup: c.rows_per_workgroup,
+            prefetch: c.prefetch,
             ..Default::default()
         },
     );
@@ -656,6 +674,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if let Some(r) = c.rows_per_workgroup {
         name += &format!(" {r} rows/wg");
+    }
+    if c.prefetch == Some(true) {
+        name += " prefetch";
     }
     name += staged;
     Ok(compare(

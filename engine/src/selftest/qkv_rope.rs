@@ -293,13 +293,26 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     for variant in variants {
         for &(s, k, w_dtype, norm) in &products {
             out.push(check_epilogue(
-                gpu, rng, &s, k, w_dtype, norm, variant, None,
+                gpu,
+                rng,
+                &s,
+                k,
+                w_dtype,
+                norm,
+                variant,
+                (None, None),
             )?);
         }
     }
     if gpu.caps.subgroup {
-        // Float weights over 16- and 32-row workgroups (several rows per subgroup).
-        for (s, k, rows) in [(base, 64, 32), (small, 256, 16)] {
+        // Float weights over 16- and 32-row workgroups (several rows per subgroup), and with the
+        // first weight loads issued before the staging.
+        for (s, k, rows, prefetch) in [
+            (base, 64, 32, false),
+            (small, 256, 16, false),
+            (small, 256, 8, true),
+            (base, 64, 32, true),
+        ] {
             out.push(check_epilogue(
                 gpu,
                 rng,
@@ -308,7 +321,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 io,
                 true,
                 MatvecVariant::Subgroup,
-                Some(rows),
+                (Some(rows), Some(prefetch)),
             )?);
         }
     }
@@ -334,7 +347,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 w_dtype,
                 norm,
                 MatvecVariant::Auto,
-                None,
+                (None, None),
             )?);
         }
     }
@@ -381,7 +394,7 @@ fn check_epilogue(
     w_dtype: DType,
     norm: bool,
     variant: MatvecVariant,
-    rows_per_workgroup: Option<usize>,
+    (rows_per_workgroup, prefetch): (Option<usize>, Option<bool>),
 ) -> Result<Check> {
     let n = s.rows();
     let (w, wv) = if w_dtype.is_quantized() {
@@ -425,6 +438,7 @@ fn check_epilogue(
             MatvecOptions {
                 variant,
                 rows_per_workgroup,
+                prefetch,
                 ..Default::default()
             },
         )

@@ -247,6 +247,10 @@ fn matvec_specialisations_compile() {
             ],
             &["WF16", "VEC", "SG", "INTERLEAVED", "STAGE"],
         ) {
+            let pf = ["VEC", "SG", "STAGE"]
+                .iter()
+                .all(|k| d.contains(&(*k, "1".to_string())));
+            d.push(("PF", u8::from(pf).to_string()));
             let on = |k: &str| d.contains(&(k, "1".to_string()));
             let xp = if on("VEC") && on("WF16") { "2" } else { "1" };
             let vec = if on("VEC") { "1" } else { "0" };
@@ -306,6 +310,9 @@ fn matvec_staged_specialisations_compile() {
                 &[("TX", tx), ("TO", "f32"), ("WG", "256"), ("RPW", "16")],
                 &["WF16", "VEC", "SG", "BIAS", "RES", "STAGE_TAIL"],
             ) {
+                // The prefetch needs vector loads and subgroups.
+                let pf = d.contains(&("VEC", "1".into())) && d.contains(&("SG", "1".into()));
+                d.push(("PF", u8::from(pf).to_string()));
                 let vec = d.iter().find(|(k, _)| *k == "VEC").unwrap().1.clone();
                 d.push(("XV4", vec));
                 let xp = if d.contains(&("VEC", "1".into())) && d.contains(&("WF16", "1".into())) {
