@@ -32,16 +32,19 @@ pub fn row_max_kv() -> usize {
     }
 }
 
-/// Invocations per workgroup the variant aims for (8 subgroups of 32; `DRIFT_ATTENTION_ROW_THREADS`
-/// = 128..1024 for A/B timing).
+/// Invocations per workgroup the variant aims for (8 subgroups of 32) at head dims over 64, and twice
+/// that at 64 and below, where a lane holds fewer registers per key (`DRIFT_ATTENTION_ROW_THREADS` =
+/// 128..1024 overrides both). On the H200 (2026-11-30): 512 gave Llama 3.2 1B decode 927.5 tok/s
+/// against 922.0 at 256 and SmolLM2-135M 1100.3 against 1080.4; Llama 3.1 8B (D = 128) 340.8 against
+/// 344.0; 1024 was slower on all three in the kernel benchmark.
 const THREADS: u32 = 256;
 
-fn threads_wanted() -> u32 {
+fn threads_wanted(d: usize) -> u32 {
     std::env::var("DRIFT_ATTENTION_ROW_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
         .filter(|t| [128, 256, 512, 1024].contains(t))
-        .unwrap_or(THREADS)
+        .unwrap_or(if d <= 64 { 2 * THREADS } else { THREADS })
 }
 
 /// Lane layout for head dim `d` on subgroups of `s` lanes: `lg` lanes share a key (each `cv` vec4
@@ -79,8 +82,8 @@ impl RowLanes {
         Ok(RowLanes { s, lg, cv: dc / lg })
     }
 
-    fn threads(&self, caps: &Caps) -> usize {
-        let max = (caps.max_invocations_per_workgroup.min(threads_wanted()) as usize).max(self.s);
+    fn threads(&self, caps: &Caps, d: usize) -> usize {
+        let max = (caps.max_invocations_per_workgroup.min(threads_wanted(d)) as usize).max(self.s);
         max / self.s * self.s
     }
 }
@@ -105,17 +108,12 @@ pub(crate) fn decode_row(
     let d = dims.d;
     let lanes = RowLanes::new(&gpu.caps, d)
         .map_err(|why| DriftError::Unsupported(format!("attention: one-pass decode {why}")))?;
-    let nt = lanes.threads(&gpu.caps);
+    let nt = lanes.threads(&gpu.caps, d);
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
         format!(
-            "attention_decode_row_d{d}_{tag}{}{}",
+            "attention_decode_row_d{d}_{tag}{}_t{nt}",
             if causal { "_causal" } else { "" },
-            if nt == THREADS as usize {
-                String::new()
-            } else {
-                format!("_t{nt}")
-            }
         ),
         shader!("attention_decode_row.wgsl"),
         "main",
