@@ -87,7 +87,6 @@ const LG: u32 = {{LG}}u;
 const KGL: u32 = S / LG;
 const NEG: f32 = -1.0e30;
 
-var<workgroup> q_s: array<vec4<f32>, DC>; // the scaled query row
 var<workgroup> m_s: array<f32, NW>;
 var<workgroup> l_s: array<f32, NW>;
 var<workgroup> acc_s: array<vec4<f32>, NW * KGL * DC>; // (subgroup, key group, vec4 column)
@@ -115,17 +114,14 @@ fn main(
     n = min(n, step[p.off3 + 1u] + i + 1u);
 #endif
     let row = ((b * p.lq + i) * p.hq + h) * D;
-    for (var e = lid; e < DC; e += NT) {
-        q_s[e] = load_q(p.off0 + row + 4u * e) * p.scale;
-    }
-    workgroupBarrier();
-
     let kg = lane / LG;
     let c = lane % LG;
     let stride = p.hkv * D; // elements between consecutive keys
     let kb = p.off1 + (b * p.lkv * p.hkv + hk) * D + 4u * c;
     let vb = p.off2 + (b * p.lkv * p.hkv + hk) * D + 4u * c;
     let last = max(n, 1u) - 1u;
+    // The lane's columns of the scaled query row, loaded alongside the first tile's K and V.
+    let qb = p.off0 + row + 4u * c;
 {{QREGS}}
     var m = NEG;
     var l = 0.0;

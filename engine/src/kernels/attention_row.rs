@@ -180,7 +180,9 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
             4 * lg * cc
         )
     };
-    let qregs = lines(cv, |cc| format!("let qc{cc} = q_s[c + {}u];", lg * cc));
+    let qregs = lines(cv, |cc| {
+        format!("let qc{cc} = load_q(qb + {}u) * p.scale;", 4 * lg * cc)
+    });
     let acc_decl = lines(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
     let loads = lines(lg, |i| {
         let mut s: String = (0..cv)
