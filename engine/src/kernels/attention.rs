@@ -2,14 +2,17 @@
 //! heads, over a preallocated KV cache whose valid length and query position come from a small GPU
 //! `step` tensor, so one prebuilt dispatch sequence serves every prefill and decode step.
 //!
-//! Two variants:
+//! Variants:
 //! - prefill (`shaders/attention.wgsl`): one workgroup per tile of query rows of one (batch, KV head)
 //!   (the query heads sharing a KV head are tiled together), K/V tiles staged once per query tile in
 //!   workgroup memory, tiles beyond the causal limit skipped; the 8-lane row-max reductions use
 //!   subgroup shuffles where the device has subgroups, workgroup memory otherwise;
 //! - decode (`shaders/attention_decode.wgsl`): few query rows; the KV sequence is split over
 //!   workgroups (flash-decoding) which write partial (max, sum, accumulator) rows to a scratch the
-//!   builder allocates once, and a second small dispatch merges them.
+//!   builder allocates once, and a second small dispatch merges them;
+//! - one-pass decode (`shaders/attention_decode_row.wgsl`, built in [`super::attention_row`]): one
+//!   workgroup per query row over the whole sequence, one dispatch; faster up to a few thousand keys
+//!   (decode programs switch to the split variant past [`super::attention_row::ROW_MAX_KV`]).
 //!
 //! - coop (`shaders/attention_coop.wgsl`, built in [`super::attention_coop`]): the prefill on
 //!   cooperative matrices (tensor cores) for f16 q/k/v; `CoopEmulated` runs the same kernel with the

@@ -1,8 +1,10 @@
 //! Llama-family decoder (Llama 2/3, SmolLM, TinyLlama, Qwen2 with q/k/v biases, Mistral) on Drift's
 //! kernels, with ML Drift's stage-aware execution: prefill runs the prompt through matrix-matrix kernels
-//! and tiled causal attention; decode runs matrix-vector kernels and split-sequence attention over the
-//! KV cache. Both share the weights. The decode step is a prebuilt [`Program`]: a step writes 8 bytes of
-//! step state and submits it once.
+//! and tiled causal attention; decode runs matrix-vector kernels and attention over the KV cache. Both
+//! share the weights. The decode step is a prebuilt [`Program`]: a step writes 8 bytes of step state and
+//! submits it once. There are two: with one-pass attention (one workgroup per query row, one dispatch)
+//! while the cache holds at most [`crate::kernels::attention_row::ROW_MAX_KV`] rows, and with
+//! split-sequence attention plus a merge past that; [`LlamaModel::decode_program`] picks by KV length.
 //!
 //! Fusions: Q, K and V are one projection (weights stacked at load), split into the cache layout with
 //! RoPE applied on the way; gate and up are one projection followed by SwiGLU; the residual add is fused
@@ -15,7 +17,7 @@
 //! At one row (decode) with float weights, or quantized ones on the integer-dot-product kernel, two
 //! paired-row epilogues go further: the gate-up product writes silu(gate) * up itself (GLU; the down
 //! product then has no prologue) and the QKV product does the split, the rotation and the KV-cache
-//! write (RoPE): 6 dispatches per layer.
+//! write (RoPE): 6 dispatches per layer, 5 with the one-pass attention.
 //! `DRIFT_DECODE_FUSION=0` (read when a model is built) keeps the unfused program, for A/B timing.
 
 use crate::error::{DriftError, Result};
