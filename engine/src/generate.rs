@@ -461,6 +461,37 @@ mod tests {
         }
     }
 
+    /// Generation that crosses the one-pass attention's KV limit (the encoder switches programs mid
+    /// reply) gives the split attention's tokens, as does the one-pass attention throughout.
+    #[test]
+    fn switching_decode_attention_mid_reply_keeps_the_tokens() {
+        let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
+        let cancel = AtomicBool::new(false);
+        let text = "The capital of France is";
+        let run = |row_max: Option<usize>| {
+            let mut s = fixture_session(&gpu);
+            if let Some(n) = row_max {
+                s.model.set_row_attention_max_kv(&gpu, n).unwrap();
+            }
+            let prompt = s.tokenizer.encode(text, false).unwrap();
+            let g = s
+                .generate(&gpu, &prompt, &greedy(8), &cancel, &mut |_| {})
+                .unwrap();
+            (g.tokens, prompt.len(), s.model.row_attention_max_kv())
+        };
+        let (split, prompt_len, off) = run(Some(0));
+        assert_eq!(off, 0);
+        let (one_pass, _, limit) = run(None);
+        if limit == 0 {
+            eprintln!("no one-pass decode attention on this device: nothing to switch");
+            return;
+        }
+        assert_eq!(one_pass, split, "one-pass attention throughout");
+        // Decode step i leaves prompt_len + 1 + i rows: the first three run one-pass, the rest split.
+        let (switching, _, _) = run(Some(prompt_len + 3));
+        assert_eq!(switching, split, "switching after three steps");
+    }
+
     /// A reply cut short (token limit, stop) leaves its last token without a KV row: the next turn must
     /// prefill it rather than reuse the unwritten row, and give what a fresh session gives. Profiling a
     /// decode step in between must not disturb the cache either.
