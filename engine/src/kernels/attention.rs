@@ -31,6 +31,9 @@ use crate::memory::Category;
 use crate::tensor::{DType, Layout, Tensor};
 use crate::{shader, shape_err};
 
+/// The prefill kernel with the shared bindings appended.
+const PREFILL_SRC: &str = concat!(shader!("attention.wgsl"), shader!("attention_io.wgsl"));
+
 /// Largest head dimension the kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -453,7 +456,7 @@ fn prefill(
         if opts.causal { "_causal" } else { "" },
         if sg { "_sg" } else { "" }
     );
-    let spec = KernelSpec::new(name, shader!("attention.wgsl"), "prefill")
+    let spec = KernelSpec::new(name, PREFILL_SRC, "prefill")
         .defines(io_defines(q, k, v, out))
         .define("OV", flag(vw4 && vec4_ok(out)))
         .define("D", d)

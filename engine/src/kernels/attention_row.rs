@@ -15,6 +15,12 @@ use crate::kernels::{KernelSpec, grid};
 use crate::shader;
 use crate::tensor::Tensor;
 
+/// The kernel with the bindings it shares with the prefill kernel appended.
+const SOURCE: &str = concat!(
+    shader!("attention_decode_row.wgsl"),
+    shader!("attention_io.wgsl")
+);
+
 /// Largest KV length for which decode programs use this variant (default; `DRIFT_ATTENTION_ROW_MAX`
 /// overrides it, 0 switches the variant off). On the H200 (`drift bench kernels --filter attndecode`,
 /// 2026-11-30) it beat split + merge at every length up to 2048 for SmolLM2-135M, Llama 3.2 1B and
@@ -115,7 +121,7 @@ pub(crate) fn decode_row(
             "attention_decode_row_d{d}_{tag}{}_t{nt}",
             if causal { "_causal" } else { "" },
         ),
-        shader!("attention_decode_row.wgsl"),
+        SOURCE,
         "main",
     )
     .defines(io_defines(q, k, v, out))
