@@ -647,8 +647,9 @@ fn decode(
     Ok(vec![split_dispatch, reduce_dispatch])
 }
 
-/// `n` generated statements, one per line, indented for the shader.
-fn unrolled(n: usize, f: impl Fn(usize) -> String) -> String {
+/// `n` generated statements, one per line, indented for the shader (the attention kernels' generated
+/// blocks).
+pub(crate) fn unrolled(n: usize, f: impl Fn(usize) -> String) -> String {
     (0..n)
         .map(|i| format!("            {}\n", f(i)))
         .collect::<String>()

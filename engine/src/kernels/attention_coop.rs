@@ -7,7 +7,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
-use crate::kernels::attention::Dims;
+use crate::kernels::attention::{Dims, unrolled};
 use crate::kernels::matmul::coop_available;
 use crate::kernels::{KernelSpec, grid};
 use crate::shader;
@@ -159,15 +159,6 @@ impl CoopConfig {
     }
 }
 
-/// `n` statements, one per line, indented for the kernel's loop body.
-fn lines(n: usize, f: impl Fn(usize) -> String) -> String {
-    (0..n)
-        .map(|i| format!("        {}\n", f(i)))
-        .collect::<String>()
-        .trim_end()
-        .to_string()
-}
-
 /// The generated blocks of the shader over `nd` output accumulators (head dim / 16) and `nk` score
 /// accumulators (tile keys / 16); accumulators are named variables so nothing indexes them. With real
 /// matrices (`coop`) the accumulators start as `var x = MatC();` and the products call
@@ -181,7 +172,7 @@ fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
         .trim_end()
         .to_string();
     // S: for each 16-deep slice of the head dim, one Q tile against nk K tiles.
-    let mut s = lines(nk, |j| format!("var s{j} = MatC();"));
+    let mut s = unrolled(nk, |j| format!("var s{j} = MatC();"));
     for kd in 0..nd {
         let mmas: String = (0..nk)
             .map(|j| {
@@ -198,11 +189,11 @@ fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
         ));
     }
     s.push('\n');
-    s.push_str(&lines(nk, |j| {
+    s.push_str(&unrolled(nk, |j| {
         format!("store_c(s{j}, w * 16u * SP + {}u);", 16 * j)
     }));
     // O += P V: for each 16 keys, one P tile against nd V tiles.
-    let pv = lines(nk, |kk| {
+    let pv = unrolled(nk, |kk| {
         let mmas: String = (0..nd)
             .map(|c| {
                 format!(

@@ -10,7 +10,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
-use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, vec4_ok};
+use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, unrolled, vec4_ok};
 use crate::kernels::{KernelSpec, grid};
 use crate::shader;
 use crate::tensor::Tensor;
@@ -161,15 +161,6 @@ fn v_early() -> bool {
     std::env::var_os("DRIFT_ATTENTION_ROW_VLATE").is_none_or(|v| v != "1")
 }
 
-/// `n` generated statements, one per line, indented for the shader's loop body.
-fn lines(n: usize, f: impl Fn(usize) -> String) -> String {
-    (0..n)
-        .map(|i| format!("        {}\n", f(i)))
-        .collect::<String>()
-        .trim_end()
-        .to_string()
-}
-
 /// The generated blocks of the shader (see its header): every private name indexed by a constant.
 fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
     let (lg, cv) = (l.lg, l.cv);
@@ -186,11 +177,11 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
             4 * lg * cc
         )
     };
-    let qregs = lines(cv, |cc| {
+    let qregs = unrolled(cv, |cc| {
         format!("let qc{cc} = load_q(qb + {}u) * p.scale;", 4 * lg * cc)
     });
-    let acc_decl = lines(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
-    let loads = lines(lg, |i| {
+    let acc_decl = unrolled(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
+    let loads = unrolled(lg, |i| {
         let mut s: String = (0..cv)
             .map(|cc| format!("let kr{i}_{cc} = {}; ", k_at(i, cc)))
             .collect();
@@ -201,7 +192,7 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
     });
     // Partial dots, then the reduce-scatter: at distance o a lane keeps the half of its values whose
     // index has bit o equal to its own lane's, adding the partner's copy of that half.
-    let mut score = lines(lg, |i| {
+    let mut score = unrolled(lg, |i| {
         let dots: Vec<String> = (0..cv)
             .map(|cc| format!("dot(qc{cc}, kr{i}_{cc})"))
             .collect();
@@ -221,9 +212,9 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
         score.push_str(&format!("\n        {{ let hi = (c & {o}u) != 0u;{body} }}"));
         o /= 2;
     }
-    let mut pv = lines(cv, |cc| format!("acc{cc} *= alpha;"));
+    let mut pv = unrolled(cv, |cc| format!("acc{cc} *= alpha;"));
     pv.push('\n');
-    pv.push_str(&lines(lg, |i| {
+    pv.push_str(&unrolled(lg, |i| {
         let acc: String = (0..cv)
             .map(|cc| {
                 let vr = if v_early {
@@ -236,7 +227,7 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
             .collect();
         format!("{{ let pu = subgroupShuffle(pj, kg * LG + {i}u);{acc} }}")
     }));
-    let acc_store = lines(cv, |cc| {
+    let acc_store = unrolled(cv, |cc| {
         format!("acc_s[(sg * KGL + kg) * DC + c + {}u] = acc{cc};", lg * cc)
     });
     vec![
