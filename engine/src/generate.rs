@@ -179,20 +179,27 @@ impl LlmSession {
         // The step at position `pos` leaves pos + 1 KV rows, which picks its program (short contexts
         // run the one-pass attention, long ones the split one).
         let first_pos = self.cached.len();
-        let short_max = m.row_attention_max_kv();
-        let mut programs = Vec::new();
-        for kv_len in [1, usize::MAX] {
+        let mut select = Program::new();
+        self.push_select(gpu, &mut select, greedy, k, &opts.sampling)?;
+        let step_program = |kv_len: usize| {
             let mut p = Program::new();
             p.extend(m.decode_program(kv_len).dispatches.iter().cloned());
-            self.push_select(gpu, &mut p, greedy, k, &opts.sampling)?;
-            programs.push(p);
-        }
+            p.extend(select.dispatches.iter().cloned());
+            p
+        };
+        let short = step_program(1);
+        // The split-attention program, where the model has one for longer caches.
+        let long = m
+            .decode_switch_kv()
+            .map(|at| (at, step_program(usize::MAX)));
         let slots = self.readback.len();
         let copies: Vec<ResultCopy> = (0..slots).map(|s| self.result_copy(s)).collect();
         let device = gpu.device.clone();
         let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
-            let kv_len = first_pos + i + 1;
-            let p = &programs[usize::from(kv_len > short_max)];
+            let p = match &long {
+                Some((at, long)) if first_pos + i + 1 > *at => long,
+                _ => &short,
+            };
             encode_step(&device, p, &copies[(first_pos + i) % slots])
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;

@@ -131,7 +131,7 @@ pub(crate) fn decode_row(
     .define("NT", nt)
     .define("LG", lanes.lg)
     .define("CAUSAL", flag(causal))
-    .defines(row_bodies(&lanes, v_early()));
+    .defines(row_bodies(&lanes));
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.b * dims.lq * dims.hq;
     let params = [
@@ -155,14 +155,10 @@ pub(crate) fn decode_row(
     )
 }
 
-/// Whether a tile's V loads go out with its K loads (one memory round trip per tile, more live
-/// registers) or after the scores (`DRIFT_ATTENTION_ROW_VLATE=1`, for A/B timing).
-fn v_early() -> bool {
-    std::env::var_os("DRIFT_ATTENTION_ROW_VLATE").is_none_or(|v| v != "1")
-}
-
-/// The generated blocks of the shader (see its header): every private name indexed by a constant.
-fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
+/// The generated blocks of the shader (see its header): every private name indexed by a constant. A
+/// tile's V loads go out with its K loads (one memory round trip per tile): issuing them after the
+/// scores was slower at every KV length on the H200 (BENCHMARKS.md, 2026-11-30 fifth session).
+fn row_bodies(l: &RowLanes) -> Vec<(&'static str, String)> {
     let (lg, cv) = (l.lg, l.cv);
     // Key i of the lane's group, its vec4 column set cc.
     let k_at = |i: usize, cc: usize| {
@@ -182,13 +178,16 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
     });
     let acc_decl = unrolled(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
     let loads = unrolled(lg, |i| {
-        let mut s: String = (0..cv)
-            .map(|cc| format!("let kr{i}_{cc} = {}; ", k_at(i, cc)))
-            .collect();
-        if v_early {
-            s.extend((0..cv).map(|cc| format!("let vr{i}_{cc} = {}; ", v_at(i, cc))));
-        }
-        s.trim_end().to_string()
+        (0..cv)
+            .map(|cc| {
+                format!(
+                    "let kr{i}_{cc} = {}; let vr{i}_{cc} = {};",
+                    k_at(i, cc),
+                    v_at(i, cc)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
     });
     // Partial dots, then the reduce-scatter: at distance o a lane keeps the half of its values whose
     // index has bit o equal to its own lane's, adding the partner's copy of that half.
@@ -216,14 +215,7 @@ fn row_bodies(l: &RowLanes, v_early: bool) -> Vec<(&'static str, String)> {
     pv.push('\n');
     pv.push_str(&unrolled(lg, |i| {
         let acc: String = (0..cv)
-            .map(|cc| {
-                let vr = if v_early {
-                    format!("vr{i}_{cc}")
-                } else {
-                    v_at(i, cc)
-                };
-                format!(" acc{cc} += pu * {vr};")
-            })
+            .map(|cc| format!(" acc{cc} += pu * vr{i}_{cc};"))
             .collect();
         format!("{{ let pu = subgroupShuffle(pj, kg * LG + {i}u);{acc} }}")
     }));

@@ -547,6 +547,12 @@ impl LlamaModel {
         self.row_max_kv
     }
 
+    /// The KV length past which [`Self::decode_program`] gives the split-attention program, where this
+    /// cache is long enough to get there.
+    pub fn decode_switch_kv(&self) -> Option<usize> {
+        self.decode_long.as_ref().map(|_| self.row_max_kv)
+    }
+
     /// The greedy selection dispatches (argmax of the logits into the next step's input id).
     pub fn greedy_dispatches(&self) -> &[Dispatch] {
         &self.greedy
