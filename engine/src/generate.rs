@@ -78,6 +78,8 @@ pub struct LlmSession {
     /// The submission that fills each readback slot.
     inflight: std::cell::RefCell<Vec<Option<wgpu::SubmissionIndex>>>,
     cand: Tensor,
+    /// Greedy decode steps per command buffer ([`decode_batch`] at creation).
+    pub decode_batch: usize,
 }
 
 impl LlmSession {
@@ -111,6 +113,7 @@ impl LlmSession {
             template,
             eos,
             cached: Vec::new(),
+            decode_batch: decode_batch(),
         })
     }
 
@@ -164,8 +167,18 @@ impl LlmSession {
         let greedy = opts.sampling.is_plain_greedy();
         let k = opts.sampling.candidates(m.cfg.vocab);
         self.push_select(gpu, &mut prefill, greedy, k, &opts.sampling)?;
-        self.submit_step(gpu, &prefill, 0);
-        let first = self.read_token(gpu, 0, greedy, k, &mut sampler)?;
+        // The prefill's argmax writes the first token at history[prompt.len()].
+        let tokens = if greedy {
+            TokenCopy::History {
+                from: prompt.len(),
+                n: 1,
+            }
+        } else {
+            TokenCopy::Candidates
+        };
+        let cb = encode_steps(&gpu.device, &[&prefill], &self.result_copy(0), tokens);
+        self.submit_buffer(gpu, cb, 0);
+        let first = self.read_tokens(gpu, 0, 1, greedy, k, &mut sampler)?[0];
         let prefill_s = t0.elapsed().as_secs_f64();
         self.cached = prompt.to_vec();
 
@@ -174,11 +187,24 @@ impl LlmSession {
         let mut text = String::new();
         let mut stop = StopReason::MaxTokens;
         let t1 = Instant::now();
-        // Decode steps are submitted at positions cached.len(), +1, +2, ...: step i fills readback
-        // slot (first_pos + i) % slots, and its command buffer is encoded ahead (see encode_ahead).
-        // The step at position `pos` leaves pos + 1 KV rows, which picks its program (short contexts
-        // run the one-pass attention, long ones the split one).
+        // Decode steps run at positions first_pos, +1, ...: the step at `pos` leaves pos + 1 KV rows,
+        // which picks its program (short contexts run the one-pass attention, long ones the split
+        // one), and produces the token after it. Greedy runs `batch` steps per command buffer (one
+        // compute pass, their tokens copied out of the history at its end); batch `b` fills readback
+        // slot b % slots, and its command buffer is encoded ahead (see encode_ahead). The last step
+        // that can be needed produces token number max_tokens, and none may write a row past the
+        // context.
         let first_pos = self.cached.len();
+        let batch = if greedy {
+            self.decode_batch.clamp(1, MAX_BATCH)
+        } else {
+            1
+        };
+        let end = (first_pos + opts.max_tokens.saturating_sub(1)).min(m.max_ctx);
+        let steps_of = move |b: usize| {
+            let s = first_pos + b * batch;
+            s..(s + batch).min(end).max(s)
+        };
         let mut select = Program::new();
         self.push_select(gpu, &mut select, greedy, k, &opts.sampling)?;
         let step_program = |kv_len: usize| {
@@ -195,21 +221,38 @@ impl LlmSession {
         let slots = self.readback.len();
         let copies: Vec<ResultCopy> = (0..slots).map(|s| self.result_copy(s)).collect();
         let device = gpu.device.clone();
-        let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |i| {
-            let p = match &long {
-                Some((at, long)) if first_pos + i + 1 > *at => long,
-                _ => &short,
+        let encode: std::sync::Arc<EncodeFn> = std::sync::Arc::new(move |b| {
+            let steps = steps_of(b);
+            let programs: Vec<&Program> = steps
+                .clone()
+                .map(|s| match &long {
+                    Some((at, long)) if s + 1 > *at => long,
+                    _ => &short,
+                })
+                .collect();
+            let tokens = if greedy {
+                TokenCopy::History {
+                    from: steps.start + 1,
+                    n: steps.len(),
+                }
+            } else {
+                TokenCopy::Candidates
             };
-            encode_step(&device, p, &copies[(first_pos + i) % slots])
+            encode_steps(&device, &programs, &copies[b % slots], tokens)
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
         let mut time = DecodeTime::default();
         let mut next = Some(first);
-        // Greedy keeps `slots` steps in flight: a step's input id is the previous step's argmax, already
-        // on the GPU, so the GPU never waits for the CPU to read a token back (or to wake up).
-        let depth = if greedy { slots } else { 1 };
-        // The position of the next step to submit; every position below it has its KV rows.
-        let mut next_submit = first_pos;
+        // Greedy keeps several batches in flight: a step's input id is the previous step's argmax,
+        // already on the GPU, so the GPU never waits for the CPU to read a token back (or to wake up).
+        let in_flight = if greedy {
+            (slots / batch).clamp(2.min(slots), slots)
+        } else {
+            1
+        };
+        let mut submitted = 0usize;
+        let mut read = 0usize;
+        let mut pending = std::collections::VecDeque::new();
         while let Some(tok) = next.take() {
             let pos = self.cached.len();
             if self.eos.contains(&tok) {
@@ -243,34 +286,39 @@ impl LlmSession {
                 stop = StopReason::ContextFull;
                 break;
             }
-            // Decode the token at `pos`: kv_len pos + 1.
+            // Decode the token at `pos` (here pos < end): kv_len pos + 1.
             if !greedy {
                 gpu.write_tensor_bytes(&m.ids.view(0, &[1])?, bytemuck::bytes_of(&tok))?;
                 gpu.write_tensor_bytes(&m.history.view(pos, &[1])?, bytemuck::bytes_of(&tok))?;
             }
-            // The step at `pos` (unless already queued) and, greedy, the ones after it, up to the
-            // last that could be needed: its token must be under the limit and its row in the context.
-            while next_submit < pos + depth {
-                let s = next_submit;
-                let needed = s == pos || (s - first_pos + 1 < opts.max_tokens && s < m.max_ctx);
-                if !needed {
+            // The batch holding `pos` (unless already queued) and, greedy, the ones after it that
+            // have steps.
+            let holding = (pos - first_pos) / batch;
+            while submitted < holding + in_flight {
+                let steps = steps_of(submitted);
+                if steps.is_empty() {
                     break;
                 }
                 let t = Instant::now();
                 let cb = ahead.next_buffer()?;
                 let t_cb = Instant::now();
-                // Greedy steps after the first find the step state moved on by the argmax (ADVANCE).
-                if !greedy || s == first_pos {
-                    m.set_step(gpu, s + 1, s)?;
+                // Greedy batches after the first find the step state moved on by the argmax (ADVANCE).
+                if !greedy || submitted == 0 {
+                    m.set_step(gpu, steps.start + 1, steps.start)?;
                 }
-                self.submit_buffer(gpu, cb, s % slots);
+                self.submit_buffer(gpu, cb, submitted % slots);
                 time.encode_wait_us += (t_cb - t).as_secs_f64() * 1e6;
                 time.submit_us += t_cb.elapsed().as_secs_f64() * 1e6;
-                next_submit += 1;
+                submitted += 1;
             }
-            let t = Instant::now();
-            next = Some(self.read_token(gpu, pos % slots, greedy, k, &mut sampler)?);
-            time.readback_us += t.elapsed().as_secs_f64() * 1e6;
+            if pending.is_empty() {
+                let t = Instant::now();
+                let n = steps_of(read).len();
+                pending.extend(self.read_tokens(gpu, read % slots, n, greedy, k, &mut sampler)?);
+                read += 1;
+                time.readback_us += t.elapsed().as_secs_f64() * 1e6;
+            }
+            next = pending.pop_front();
         }
         drop(ahead);
         let unread = self.inflight.borrow().iter().any(Option::is_some);
@@ -279,8 +327,11 @@ impl LlmSession {
             gpu.wait()?;
             self.inflight.borrow_mut().fill(None);
         }
-        let kv_rows = next_submit;
-        // Only tokens with KV rows may be reused by the next call.
+        // Every position below the last submitted step's has its KV rows; only those tokens may be
+        // reused by the next call.
+        let kv_rows = submitted
+            .checked_sub(1)
+            .map_or(first_pos, |b| steps_of(b).end);
         self.cached.truncate(kv_rows);
         let decode_s = t1.elapsed().as_secs_f64();
         Ok(Generation {
@@ -328,33 +379,31 @@ impl LlmSession {
         Ok(())
     }
 
-    fn submit_step(&self, gpu: &Gpu, p: &Program, slot: usize) {
-        let cb = encode_step(&gpu.device, p, &self.result_copy(slot));
-        self.submit_buffer(gpu, cb, slot);
-    }
-
     fn submit_buffer(&self, gpu: &Gpu, cb: wgpu::CommandBuffer, slot: usize) {
         self.inflight.borrow_mut()[slot] = Some(gpu.queue.submit([cb]));
     }
 
-    /// What a step copies into readback slot `slot`: the id the argmax wrote (greedy) and the candidate
+    /// What a step copies into readback slot `slot`: the ids the argmax wrote (greedy) or the candidate
     /// list (sampling).
     fn result_copy(&self, slot: usize) -> ResultCopy {
         ResultCopy {
-            id: self.model.ids.storage.clone(),
+            history: self.model.history.storage.clone(),
             candidates: self.cand.storage.clone(),
             readback: self.readback[slot].clone(),
         }
     }
 
-    fn read_token(
+    /// The tokens of the steps that filled readback slot `slot`: `n` argmax ids (greedy) or one token
+    /// picked from the candidate list.
+    fn read_tokens(
         &self,
         gpu: &Gpu,
         slot: usize,
+        n: usize,
         greedy: bool,
         k: usize,
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+    ) -> Result<Vec<u32>> {
         let buf = &self.readback[slot].buffer;
         let (tx, rx) = std::sync::mpsc::channel();
         buf.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -379,9 +428,9 @@ impl LlmSession {
         };
         buf.unmap();
         if greedy {
-            Ok(words[0])
+            Ok(words[..n].to_vec())
         } else {
-            Ok(sampler.pick(&Candidates::from_words(&words[2..], k)))
+            Ok(vec![sampler.pick(&Candidates::from_words(&words[2..], k))])
         }
     }
 
@@ -425,24 +474,72 @@ fn pipeline_depth() -> usize {
         .max(1)
 }
 
-/// The copies that end a step: its result into a readback slot.
+/// Greedy decode steps per command buffer: `DRIFT_DECODE_BATCH` (1 to 64), default 1. The steps of
+/// a batch share one compute pass and one token copy.
+fn decode_batch() -> usize {
+    std::env::var("DRIFT_DECODE_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1usize)
+        .clamp(1, MAX_BATCH)
+}
+
+/// The most steps one command buffer may hold: their ids must fit a readback slot.
+const MAX_BATCH: usize = 64;
+
+/// Where a step's results are copied from: the history (the buffers it ends with) and the candidate
+/// list, into a readback slot.
 struct ResultCopy {
-    id: crate::tensor::Storage,
+    history: crate::tensor::Storage,
     candidates: crate::tensor::Storage,
     readback: std::sync::Arc<crate::memory::GpuBuffer>,
 }
 
-/// One step's command buffer: the program in one compute pass, then the result copies.
-fn encode_step(device: &wgpu::Device, p: &Program, copy: &ResultCopy) -> wgpu::CommandBuffer {
+/// What a command buffer copies out at its end.
+#[derive(Clone, Copy)]
+enum TokenCopy {
+    /// `history[from..from + n]`: the ids `n` greedy steps wrote, to words 0..n.
+    History { from: usize, n: usize },
+    /// The candidate list of one sampled step, to words 2...
+    Candidates,
+}
+
+/// One command buffer: the programs in one compute pass, then their results into a readback slot.
+/// An empty list (a batch past the last step, encoded ahead but never submitted) copies nothing.
+fn encode_steps(
+    device: &wgpu::Device,
+    programs: &[&Program],
+    copy: &ResultCopy,
+    tokens: TokenCopy,
+) -> wgpu::CommandBuffer {
     let mut enc = device.create_command_encoder(&Default::default());
+    if programs.is_empty() {
+        return enc.finish();
+    }
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
-        p.encode_into(&mut pass);
+        for p in programs {
+            p.encode_into(&mut pass);
+        }
     }
     let dst = &copy.readback.buffer;
-    let (id, cand) = (&copy.id, &copy.candidates);
-    enc.copy_buffer_to_buffer(&id.buffer.buffer, id.offset, dst, 0, 4);
-    enc.copy_buffer_to_buffer(&cand.buffer.buffer, cand.offset, dst, 8, cand.len);
+    match tokens {
+        TokenCopy::History { from, n } => {
+            let h = &copy.history;
+            debug_assert!(n <= MAX_BATCH && (from + n) as u64 * 4 <= h.len);
+            enc.copy_buffer_to_buffer(
+                &h.buffer.buffer,
+                h.offset + from as u64 * 4,
+                dst,
+                0,
+                n as u64 * 4,
+            );
+        }
+        TokenCopy::Candidates => {
+            let c = &copy.candidates;
+            enc.copy_buffer_to_buffer(&c.buffer.buffer, c.offset, dst, 8, c.len);
+        }
+    }
     enc.finish()
 }
 
@@ -469,14 +566,16 @@ mod tests {
     }
 
     /// Generation that crosses the one-pass attention's KV limit (the encoder switches programs mid
-    /// reply) gives the split attention's tokens, as does the one-pass attention throughout.
+    /// reply, also inside a batch of steps) gives the split attention's tokens, as does the one-pass
+    /// attention throughout.
     #[test]
     fn switching_decode_attention_mid_reply_keeps_the_tokens() {
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
         let cancel = AtomicBool::new(false);
         let text = "The capital of France is";
-        let run = |row_max: Option<usize>| {
+        let run = |row_max: Option<usize>, batch: usize| {
             let mut s = fixture_session(&gpu);
+            s.decode_batch = batch;
             if let Some(n) = row_max {
                 s.model.set_row_attention_max_kv(&gpu, n).unwrap();
             }
@@ -486,17 +585,58 @@ mod tests {
                 .unwrap();
             (g.tokens, prompt.len(), s.model.row_attention_max_kv())
         };
-        let (split, prompt_len, off) = run(Some(0));
+        let (split, prompt_len, off) = run(Some(0), 1);
         assert_eq!(off, 0);
-        let (one_pass, _, limit) = run(None);
+        let (one_pass, _, limit) = run(None, 1);
         if limit == 0 {
             eprintln!("no one-pass decode attention on this device: nothing to switch");
             return;
         }
         assert_eq!(one_pass, split, "one-pass attention throughout");
         // Decode step i leaves prompt_len + 1 + i rows: the first three run one-pass, the rest split.
-        let (switching, _, _) = run(Some(prompt_len + 3));
-        assert_eq!(switching, split, "switching after three steps");
+        for batch in [1, 2] {
+            let (switching, _, _) = run(Some(prompt_len + 3), batch);
+            assert_eq!(
+                switching, split,
+                "switching after three steps, batch {batch}"
+            );
+        }
+    }
+
+    /// Greedy steps batched into one command buffer give the tokens of one step per buffer: replies
+    /// that end mid-batch, on the token limit or the full context, and a batch larger than the
+    /// pipeline's readback slots.
+    #[test]
+    fn batched_decode_steps_give_the_same_tokens() {
+        let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
+        let cancel = AtomicBool::new(false);
+        let mut s = fixture_session(&gpu);
+        let prompt = s
+            .tokenizer
+            .encode("The capital of France is", false)
+            .unwrap();
+        let mut run = |batch: usize, max_tokens: usize| {
+            s.reset();
+            s.decode_batch = batch;
+            let g = s
+                .generate(&gpu, &prompt, &greedy(max_tokens), &cancel, &mut |_| {})
+                .unwrap();
+            (g.tokens, g.stop_reason, s.cached.len())
+        };
+        // 64 tokens of context: the long reply stops when the context is full.
+        for max_tokens in [2, 11, 200] {
+            let (reference, stop, cached) = run(1, max_tokens);
+            if max_tokens == 200 {
+                assert_eq!(stop, StopReason::ContextFull);
+            }
+            for batch in [2, 3, 8] {
+                let (tokens, batch_stop, batch_cached) = run(batch, max_tokens);
+                assert_eq!(tokens, reference, "batch {batch}, {max_tokens} tokens");
+                assert_eq!(batch_stop, stop);
+                // The rows the reusable prefix claims were written (here: every step up to the end).
+                assert_eq!(batch_cached, cached, "batch {batch}, {max_tokens} tokens");
+            }
+        }
     }
 
     /// A reply cut short (token limit, stop) leaves its last token without a KV row: the next turn must
@@ -511,8 +651,9 @@ mod tests {
             .tokenizer
             .encode("The capital of France is", false)
             .unwrap();
-        for max_tokens in [1, 5] {
+        for (max_tokens, batch) in [(1, 1), (5, 1), (5, 3), (6, 4)] {
             s.reset();
+            s.decode_batch = batch;
             let first = s
                 .generate(&gpu, &prompt, &greedy(max_tokens), &cancel, &mut |_| {})
                 .unwrap();
@@ -533,7 +674,7 @@ mod tests {
                 .unwrap();
             assert_eq!(
                 continued.tokens, reference.tokens,
-                "after a {max_tokens}-token reply"
+                "after a {max_tokens}-token reply, batch {batch}"
             );
         }
     }
