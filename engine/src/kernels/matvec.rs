@@ -86,6 +86,9 @@ pub struct MatvecOptions<'a> {
     /// Staged subgroup kernels: issue each subgroup's first weight loads before staging the input.
     /// `None`: `DRIFT_MATVEC_PREFETCH=1` (off by default).
     pub prefetch: Option<bool>,
+    /// Vector kernels: weight loads in flight per lane, 4 or 8. `None`: `DRIFT_MATVEC_LOADS` (4 by
+    /// default).
+    pub loads_in_flight: Option<usize>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -199,8 +202,11 @@ pub fn matvec_shards(
         );
         let pf = sg && vec && stage.vec4s > 0 && opts.prefetch.unwrap_or_else(prefetch_on);
         let name = if pf { format!("{name}_pf") } else { name };
+        let lf8 = vec && opts.loads_in_flight.unwrap_or_else(loads_in_flight) == 8;
+        let name = if lf8 { format!("{name}_l8") } else { name };
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
             .define("PF", u8::from(pf))
+            .define("LF8", u8::from(lf8))
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(f16))
@@ -263,6 +269,14 @@ pub fn matvec_shards(
 /// (`DRIFT_MATVEC_PREFETCH=1`; off until measured on the target GPU).
 fn prefetch_on() -> bool {
     std::env::var_os("DRIFT_MATVEC_PREFETCH").is_some_and(|v| v == "1")
+}
+
+/// Weight loads in flight per lane of the vector kernels by default: `DRIFT_MATVEC_LOADS=8`, else 4.
+fn loads_in_flight() -> usize {
+    match std::env::var("DRIFT_MATVEC_LOADS").ok().as_deref() {
+        Some("8") => 8,
+        _ => 4,
+    }
 }
 
 /// Rows per workgroup of the subgroup kernel by default (`DRIFT_MATVEC_ROWS=8|16|32|64` overrides it):

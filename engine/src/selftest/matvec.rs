@@ -250,6 +250,8 @@ pub struct Case {
     pub rows_per_workgroup: Option<usize>,
     /// [`MatvecOptions::prefetch`].
     pub prefetch: Option<bool>,
+    /// [`MatvecOptions::loads_in_flight`].
+    pub loads_in_flight: Option<usize>,
     pub fuse: Fuse,
 }
 
@@ -280,6 +282,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 max_stage_bytes: None,
                 rows_per_workgroup: None,
                 prefetch: None,
+                loads_in_flight: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -348,6 +351,27 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     ..c(3, 64, 3)
                 });
             }
+            // Eight loads in flight per lane: rows of one, several and a part of eight-load rounds
+            // (each followed by four-load rounds and single loads), batch rows, f16 in and out.
+            let eight = |case: Case| Case {
+                loads_in_flight: Some(8),
+                ..case
+            };
+            cases.extend([
+                eight(c(1, 40, 4424)),
+                eight(c(2, 24, 2056)),
+                eight(Case {
+                    bias: true,
+                    ..c(3, 57, 1000)
+                }),
+            ]);
+            if gpu.caps.f16 {
+                cases.push(eight(Case {
+                    x_dtype: DType::F16,
+                    out_dtype: DType::F16,
+                    ..c(1, 33, 8200)
+                }));
+            }
             for case in cases {
                 out.push(check(gpu, rng, &case)?);
             }
@@ -377,6 +401,18 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check(gpu, rng, &case)?);
             }
         }
+        // The fused and staged cases with eight loads in flight (the prologues, GLU and residual
+        // epilogues around the longer rounds).
+        for case in fused_cases(w_dtype, io, variant)
+            .into_iter()
+            .chain(staged_cases(gpu, w_dtype, io, variant))
+        {
+            let case = Case {
+                loads_in_flight: Some(8),
+                ..case
+            };
+            out.push(check(gpu, rng, &case)?);
+        }
     }
     Ok(out)
 }
@@ -400,6 +436,7 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: Some(rows),
         prefetch: None,
+        loads_in_flight: None,
         fuse,
     };
     let glu = Fuse {
@@ -452,6 +489,7 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: None,
         prefetch: None,
+        loads_in_flight: None,
         fuse,
     };
     let norm = Fuse::norm;
@@ -565,6 +603,7 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         max_stage_bytes,
         rows_per_workgroup: None,
         prefetch: None,
+        loads_in_flight: None,
         fuse,
     };
     let norm = Fuse::norm(DType::F32);
@@ -632,6 +671,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             max_stage_bytes: c.max_stage_bytes,
             rows_per_workgroup: c.rows_per_workgroup,
             prefetch: c.prefetch,
+            loads_in_flight: c.loads_in_flight,
             ..Default::default()
         },
     );
@@ -677,6 +717,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if c.prefetch == Some(true) {
         name += " prefetch";
+    }
+    if let Some(l) = c.loads_in_flight {
+        name += &format!(" {l} loads");
     }
     name += staged;
     Ok(compare(
