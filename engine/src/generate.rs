@@ -1,7 +1,8 @@
 //! Text generation on a loaded LLM: prefill, then decode steps until EOS, a stop string, the token
 //! limit or a cancel. Greedy decoding stays on the GPU (the argmax writes the next input id and moves
-//! the step state on) and keeps several steps in flight so CPU work (readback, detokenising,
-//! streaming) overlaps the GPU; sampling reads back a short candidate list per token. Decode steps'
+//! the step state on), runs several steps per command buffer (their ids read back together) and keeps
+//! several buffers in flight so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
+//! reads back a short candidate list per token. Decode steps'
 //! command buffers are encoded ahead on worker threads ([`crate::encode_ahead`]), so the submitting
 //! thread only submits them (writing the step state for the first greedy step and every sampled one).
 
@@ -474,15 +475,20 @@ fn pipeline_depth() -> usize {
         .max(1)
 }
 
-/// Greedy decode steps per command buffer: `DRIFT_DECODE_BATCH` (1 to 64), default 1. The steps of
-/// a batch share one compute pass and one token copy.
+/// Greedy decode steps per command buffer: `DRIFT_DECODE_BATCH` (1 to 64), default 4. The steps of
+/// a batch share one compute pass and one token copy. On the H200 (2026-11-30) 4 gave Llama 3.2 1B
+/// 963.9 tok/s against 933.5 at 1 and 962.6 at 8, SmolLM2-135M 1161.6 against 1119.4 (8: 1152.7):
+/// each command buffer costs the GPU ~30-80 us beyond its dispatches. Tokens then stream in groups of
+/// four (~4 ms apart), and a reply that ends mid-batch runs at most a few steps past its end.
 fn decode_batch() -> usize {
     std::env::var("DRIFT_DECODE_BATCH")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1usize)
+        .unwrap_or(DEFAULT_BATCH)
         .clamp(1, MAX_BATCH)
 }
+
+const DEFAULT_BATCH: usize = 4;
 
 /// The most steps one command buffer may hold: their ids must fit a readback slot.
 const MAX_BATCH: usize = 64;

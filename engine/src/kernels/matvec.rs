@@ -200,9 +200,18 @@ pub fn matvec_shards(
             stage.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
-        let pf = sg && vec && stage.vec4s > 0 && opts.prefetch.unwrap_or_else(prefetch_on);
+        let pf = sg
+            && vec
+            && stage.vec4s > 0
+            && opts
+                .prefetch
+                .unwrap_or_else(|| prefetch_on(opts.rope.is_some(), opts.glu));
         let name = if pf { format!("{name}_pf") } else { name };
-        let lf8 = vec && opts.loads_in_flight.unwrap_or_else(loads_in_flight) == 8;
+        let lf8 = vec
+            && opts
+                .loads_in_flight
+                .unwrap_or_else(|| loads_in_flight(stage.vec4s > 0))
+                == 8;
         let name = if lf8 { format!("{name}_l8") } else { name };
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
             .define("PF", u8::from(pf))
@@ -266,15 +275,28 @@ pub fn matvec_shards(
 }
 
 /// Whether staged subgroup kernels issue each subgroup's first weight loads before staging the input
-/// (`DRIFT_MATVEC_PREFETCH=1`; off until measured on the target GPU).
-fn prefetch_on() -> bool {
-    std::env::var_os("DRIFT_MATVEC_PREFETCH").is_some_and(|v| v == "1")
+/// (`DRIFT_MATVEC_PREFETCH=1`, or a list of the products to do it for: `rope`, `glu`, `norm` (the
+/// other staged ones); off until measured on the target GPU).
+fn prefetch_on(rope: bool, glu: bool) -> bool {
+    let Some(v) = std::env::var("DRIFT_MATVEC_PREFETCH").ok() else {
+        return false;
+    };
+    let kind = if rope {
+        "rope"
+    } else if glu {
+        "glu"
+    } else {
+        "norm"
+    };
+    v == "1" || v.split(',').any(|k| k.trim() == kind)
 }
 
-/// Weight loads in flight per lane of the vector kernels by default: `DRIFT_MATVEC_LOADS=8`, else 4.
-fn loads_in_flight() -> usize {
+/// Weight loads in flight per lane of the vector kernels by default: `DRIFT_MATVEC_LOADS=8` (every
+/// product) or `=8plain` (those without a staged input), else 4.
+fn loads_in_flight(staged: bool) -> usize {
     match std::env::var("DRIFT_MATVEC_LOADS").ok().as_deref() {
         Some("8") => 8,
+        Some("8plain") if !staged => 8,
         _ => 4,
     }
 }
