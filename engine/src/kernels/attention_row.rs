@@ -53,12 +53,6 @@ fn threads_wanted(d: usize) -> u32 {
         .unwrap_or(if d <= 64 { 2 * THREADS } else { THREADS })
 }
 
-/// Whether each subgroup's first tile is loaded before the step state is read
-/// (`DRIFT_ATTENTION_ROW_EARLY=1`): the loads then overlap the step's own memory round trip.
-fn early_loads() -> bool {
-    std::env::var_os("DRIFT_ATTENTION_ROW_EARLY").is_some_and(|v| v == "1")
-}
-
 /// Lane layout for head dim `d` on subgroups of `s` lanes: `lg` lanes share a key (each `cv` vec4
 /// columns), `s / lg` key groups per subgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,9 +118,8 @@ pub(crate) fn decode_row(
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
         format!(
-            "attention_decode_row_d{d}_{tag}{}_t{nt}{}",
+            "attention_decode_row_d{d}_{tag}{}_t{nt}",
             if causal { "_causal" } else { "" },
-            if early_loads() { "_early" } else { "" },
         ),
         SOURCE,
         "main",
@@ -138,7 +131,6 @@ pub(crate) fn decode_row(
     .define("NT", nt)
     .define("LG", lanes.lg)
     .define("CAUSAL", flag(causal))
-    .define("EARLY", flag(early_loads()))
     .defines(row_bodies(&lanes));
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.b * dims.lq * dims.hq;
@@ -169,54 +161,33 @@ pub(crate) fn decode_row(
 fn row_bodies(l: &RowLanes) -> Vec<(&'static str, String)> {
     let (lg, cv) = (l.lg, l.cv);
     // Key i of the lane's group, its vec4 column set cc.
-    // Key i of the lane's group (`g` its first key, `lim` the last row it may read), column set cc.
-    let k_at = |g: &str, lim: &str, i: usize, cc: usize| {
+    let k_at = |i: usize, cc: usize| {
         format!(
-            "load_k(kb + min({g} + {i}u, {lim}) * stride + {}u)",
+            "load_k(kb + min(g0 + {i}u, last) * stride + {}u)",
             4 * lg * cc
         )
     };
-    let v_at = |g: &str, lim: &str, i: usize, cc: usize| {
+    let v_at = |i: usize, cc: usize| {
         format!(
-            "load_v(vb + min({g} + {i}u, {lim}) * stride + {}u)",
+            "load_v(vb + min(g0 + {i}u, last) * stride + {}u)",
             4 * lg * cc
         )
-    };
-    let each_reg = |f: &dyn Fn(usize, usize) -> String| {
-        unrolled(lg, |i| {
-            (0..cv).map(|cc| f(i, cc)).collect::<Vec<_>>().join(" ")
-        })
     };
     let qregs = unrolled(cv, |cc| {
         format!("let qc{cc} = load_q(qb + {}u) * p.scale;", 4 * lg * cc)
     });
     let acc_decl = unrolled(cv, |cc| format!("var acc{cc} = vec4<f32>(0.0);"));
-    let loads = each_reg(&|i, cc| {
-        format!(
-            "let kr{i}_{cc} = {}; let vr{i}_{cc} = {};",
-            k_at("g0", "last", i, cc),
-            v_at("g0", "last", i, cc)
-        )
-    });
-    // EARLY: the registers live across the loop; the subgroup's first tile is loaded before the step
-    // is known (rows clamped to the cache, not to the sequence), the others in the loop.
-    let kv_decl =
-        each_reg(&|i, cc| format!("var kr{i}_{cc}: vec4<f32>; var vr{i}_{cc}: vec4<f32>;"));
-    let assign = |g: &str, lim: &str| {
-        each_reg(&|i, cc| {
-            format!(
-                "kr{i}_{cc} = {}; vr{i}_{cc} = {};",
-                k_at(g, lim, i, cc),
-                v_at(g, lim, i, cc)
-            )
-        })
-    };
-    let early_loads = assign("ge", "p.lkv - 1u");
-    let loads_assign = assign("g0", "last");
-    // V rows past the sequence may hold anything (NaN included): their probability is 0, but 0 * NaN
-    // is not, so the first tile's are zeroed. (K rows past it only reach their own, masked, score.)
-    let sanitize = each_reg(&|i, cc| {
-        format!("vr{i}_{cc} = select(vec4<f32>(0.0), vr{i}_{cc}, g0 + {i}u < n);")
+    let loads = unrolled(lg, |i| {
+        (0..cv)
+            .map(|cc| {
+                format!(
+                    "let kr{i}_{cc} = {}; let vr{i}_{cc} = {};",
+                    k_at(i, cc),
+                    v_at(i, cc)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
     });
     // Partial dots, then the reduce-scatter: at distance o a lane keeps the half of its values whose
     // index has bit o equal to its own lane's, adding the partner's copy of that half.
@@ -255,10 +226,6 @@ fn row_bodies(l: &RowLanes) -> Vec<(&'static str, String)> {
         ("QREGS", qregs),
         ("ACC_DECL", acc_decl),
         ("LOADS", loads),
-        ("KV_DECL", kv_decl),
-        ("EARLY_LOADS", early_loads),
-        ("LOADS_ASSIGN", loads_assign),
-        ("SANITIZE", sanitize),
         ("SCORE", score),
         ("PV", pv),
         ("ACC_STORE", acc_store),
