@@ -179,23 +179,14 @@ impl LlmSession {
         };
         let cb = encode_steps(&gpu.device, &[&prefill], &self.result_copy(0), tokens);
         self.submit_buffer(gpu, cb, 0);
-        let first = self.read_tokens(gpu, 0, 1, greedy, k, &mut sampler)?[0];
-        let prefill_s = t0.elapsed().as_secs_f64();
-        self.cached = prompt.to_vec();
-
-        let mut tokens = Vec::new();
-        let mut stream = TextStream::new();
-        let mut text = String::new();
-        let mut stop = StopReason::MaxTokens;
-        let t1 = Instant::now();
         // Decode steps run at positions first_pos, +1, ...: the step at `pos` leaves pos + 1 KV rows,
         // which picks its program (short contexts run the one-pass attention, long ones the split
         // one), and produces the token after it. Greedy runs `batch` steps per command buffer (one
         // compute pass, their tokens copied out of the history at its end); batch `b` fills readback
-        // slot b % slots, and its command buffer is encoded ahead (see encode_ahead). The last step
-        // that can be needed produces token number max_tokens, and none may write a row past the
-        // context.
-        let first_pos = self.cached.len();
+        // slot b % slots, and its command buffer is encoded ahead (see encode_ahead), the first ones
+        // while the prefill runs. The last step that can be needed produces token number max_tokens,
+        // and none may write a row past the context.
+        let first_pos = prompt.len();
         let batch = if greedy {
             self.decode_batch.clamp(1, MAX_BATCH)
         } else {
@@ -242,6 +233,15 @@ impl LlmSession {
             encode_steps(&device, &programs, &copies[b % slots], tokens)
         });
         let mut ahead = EncodeAhead::start(encode_threads(), encode)?;
+        let first = self.read_tokens(gpu, 0, 1, greedy, k, &mut sampler)?[0];
+        let prefill_s = t0.elapsed().as_secs_f64();
+        self.cached = prompt.to_vec();
+
+        let mut tokens = Vec::new();
+        let mut stream = TextStream::new();
+        let mut text = String::new();
+        let mut stop = StopReason::MaxTokens;
+        let t1 = Instant::now();
         let mut time = DecodeTime::default();
         let mut next = Some(first);
         // Greedy keeps several batches in flight: a step's input id is the previous step's argmax,
