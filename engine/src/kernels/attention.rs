@@ -90,6 +90,9 @@ pub struct AttentionOptions {
     /// Coop variants: tile shape (default: the largest that fits, see
     /// [`attention_coop::coop_tile`]); for tuning and tests.
     pub coop_tile: Option<CoopTile>,
+    /// One-pass decode variant: invocations per workgroup (default: see
+    /// [`attention_row`]'s `threads_wanted`); for tuning and tests.
+    pub row_threads: Option<usize>,
 }
 
 impl AttentionOptions {
@@ -199,6 +202,7 @@ pub fn attention(
             &dims,
             scale,
             opts.causal,
+            opts.row_threads,
         )?]),
         AttentionVariant::Coop => coop(false),
         AttentionVariant::CoopEmulated => coop(true),

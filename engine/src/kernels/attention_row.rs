@@ -53,6 +53,13 @@ fn threads_wanted(d: usize) -> u32 {
         .unwrap_or(if d <= 64 { 2 * THREADS } else { THREADS })
 }
 
+/// Whether the subgroups' shares are merged by subgroup reductions where the subgroups are few enough
+/// (at most one per lane), rather than by a serial loop of D / 4 lanes over them
+/// (`DRIFT_ATTENTION_ROW_SGMERGE=0` keeps the loop, for A/B runs).
+fn sg_merge_wanted() -> bool {
+    std::env::var_os("DRIFT_ATTENTION_ROW_SGMERGE").is_none_or(|v| v != "0")
+}
+
 /// Lane layout for head dim `d` on subgroups of `s` lanes: `lg` lanes share a key (each `cv` vec4
 /// columns), `s / lg` key groups per subgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,8 +95,11 @@ impl RowLanes {
         Ok(RowLanes { s, lg, cv: dc / lg })
     }
 
-    fn threads(&self, caps: &Caps, d: usize) -> usize {
-        let max = (caps.max_invocations_per_workgroup.min(threads_wanted(d)) as usize).max(self.s);
+    fn threads(&self, caps: &Caps, d: usize, requested: Option<usize>) -> usize {
+        let wanted = requested.map_or_else(|| threads_wanted(d) as usize, |t| t);
+        let max = (caps.max_invocations_per_workgroup as usize)
+            .min(wanted)
+            .max(self.s);
         max / self.s * self.s
     }
 }
@@ -110,16 +120,19 @@ pub(crate) fn decode_row(
     dims: &Dims,
     scale: f32,
     causal: bool,
+    threads: Option<usize>,
 ) -> Result<Dispatch> {
     let d = dims.d;
     let lanes = RowLanes::new(&gpu.caps, d)
         .map_err(|why| DriftError::Unsupported(format!("attention: one-pass decode {why}")))?;
-    let nt = lanes.threads(&gpu.caps, d);
+    let nt = lanes.threads(&gpu.caps, d, threads);
+    let sg_merge = nt / lanes.s <= lanes.s && sg_merge_wanted();
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
         format!(
-            "attention_decode_row_d{d}_{tag}{}_t{nt}",
+            "attention_decode_row_d{d}_{tag}{}_t{nt}{}",
             if causal { "_causal" } else { "" },
+            if sg_merge { "" } else { "_wm" },
         ),
         SOURCE,
         "main",
@@ -131,6 +144,7 @@ pub(crate) fn decode_row(
     .define("NT", nt)
     .define("LG", lanes.lg)
     .define("CAUSAL", flag(causal))
+    .define("SGMERGE", flag(sg_merge))
     .defines(row_bodies(&lanes));
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.b * dims.lq * dims.hq;

@@ -40,6 +40,8 @@ pub struct Case {
     pub splits: Option<usize>,
     pub tile: Option<PrefillTile>,
     pub coop_tile: Option<CoopTile>,
+    /// [`AttentionOptions::row_threads`].
+    pub row_threads: Option<usize>,
     /// Element offsets of q, k/v and out inside larger buffers (views).
     pub q_offset: usize,
     pub kv_offset: usize,
@@ -67,6 +69,7 @@ impl Case {
             splits: None,
             tile: None,
             coop_tile: None,
+            row_threads: None,
             q_offset: 0,
             kv_offset: 0,
             out_offset: 0,
@@ -274,6 +277,18 @@ fn row_cases(gpu: &Gpu) -> Vec<Case> {
         ]);
     }
     cases.retain(|c| crate::kernels::attention_row::row_available(&gpu.caps, c.head_dim));
+    // Again with one subgroup per lane of a subgroup (S x S invocations): the shares then meet in
+    // subgroup reductions on any device (lavapipe's default 512 invocations are 64 subgroups of 8).
+    let s = gpu.caps.subgroup_max_size as usize;
+    let square = (s * s).min(gpu.caps.max_invocations_per_workgroup as usize);
+    let again: Vec<Case> = cases
+        .iter()
+        .map(|c| Case {
+            row_threads: Some(square),
+            ..c.clone()
+        })
+        .collect();
+    cases.extend(again);
     cases
 }
 
@@ -389,6 +404,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         splits: c.splits,
         prefill_tile: c.tile,
         coop_tile: c.coop_tile,
+        row_threads: c.row_threads,
     };
     let mut prog = Program::new();
     prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);
