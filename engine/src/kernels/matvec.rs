@@ -200,6 +200,25 @@ pub fn matvec_shards(
             stage.suffix(),
             if sg { "_sg" } else { "_wg" }
         );
+        let rows = w.shape[0];
+        let pairs = opts.glu || opts.rope.is_some();
+        let rpw = match (sg, opts.rows_per_workgroup) {
+            (false, _) => ROWS_PER_WORKGROUP,
+            (true, None) => rows_per_workgroup(rows, pairs, stage.vec4s > 0),
+            (true, Some(r)) if [8, 16, 32, 64].contains(&r) && !(pairs && rows % r != 0) => r,
+            (true, Some(r)) if [2, 4].contains(&r) && !pairs && stage.vec4s == 0 => r,
+            (true, Some(r)) => {
+                return Err(shape_err!(
+                    "matvec: {r} rows per workgroup: must be 8, 16, 32 or 64 (2 or 4 without a staged input or paired rows), and divide the {rows} rows of a paired-row epilogue"
+                ));
+            }
+        };
+        // Under 8 rows the workgroup shrinks to one subgroup per row.
+        let wg = if sg && rpw < ROWS_PER_WORKGROUP {
+            (rpw as u32 * caps.subgroup_max_size).max(32)
+        } else {
+            wg
+        };
         let pf = sg
             && vec
             && stage.vec4s > 0
@@ -227,18 +246,6 @@ pub fn matvec_shards(
             .define("SG", u8::from(sg))
             .defines(fusion.defines.clone())
             .defines(stage.defines());
-        let rows = w.shape[0];
-        let pairs = opts.glu || opts.rope.is_some();
-        let rpw = match (sg, opts.rows_per_workgroup) {
-            (false, _) => ROWS_PER_WORKGROUP,
-            (true, None) => rows_per_workgroup(rows, pairs),
-            (true, Some(r)) if [8, 16, 32, 64].contains(&r) && !(pairs && rows % r != 0) => r,
-            (true, Some(r)) => {
-                return Err(shape_err!(
-                    "matvec: {r} rows per workgroup: must be 8, 16, 32 or 64, and divide the {rows} rows of a paired-row epilogue"
-                ));
-            }
-        };
         let spec = if rpw == ROWS_PER_WORKGROUP {
             spec
         } else {
@@ -309,20 +316,57 @@ const DEFAULT_ROWS: usize = 32;
 /// Rows per workgroup of the subgroup kernel for a shard of `rows` rows: [`DEFAULT_ROWS`] (or the
 /// override) where the shard still gets enough workgroups (>= 512) and, for the paired-row
 /// epilogues, whole workgroups; else fewer, down to 8 (one per subgroup).
-fn rows_per_workgroup(rows: usize, pairs: bool) -> usize {
+/// Staged products may keep fewer workgroups (`DRIFT_MATVEC_STAGED_MIN_WG`, default 512) to share
+/// one staged input among more rows.
+fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
     let want = std::env::var("DRIFT_MATVEC_ROWS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|r| [8, 16, 32, 64].contains(r))
         .unwrap_or(DEFAULT_ROWS);
-    rows_rule(rows, pairs, want)
+    let min_wg = if staged {
+        std::env::var("DRIFT_MATVEC_STAGED_MIN_WG")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(MIN_WORKGROUPS)
+    } else {
+        MIN_WORKGROUPS
+    };
+    let rpw = rows_rule(rows, pairs, want, min_wg);
+    if pairs || staged || rpw > ROWS_PER_WORKGROUP {
+        return rpw;
+    }
+    smaller_rows(rows, min_rows(), MIN_WORKGROUPS)
 }
 
-/// [`rows_per_workgroup`]'s rule for a requested `want` rows per workgroup.
-fn rows_rule(rows: usize, pairs: bool, want: usize) -> usize {
+/// Fewest rows per workgroup the plain products may take (`DRIFT_MATVEC_MIN_ROWS` = 2, 4 or 8,
+/// default 8).
+fn min_rows() -> usize {
+    std::env::var("DRIFT_MATVEC_MIN_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|r| [2, 4, 8].contains(r))
+        .unwrap_or(ROWS_PER_WORKGROUP)
+}
+
+/// Rows per workgroup under 8 (down to `floor`) while the product has fewer than `min_wg` workgroups.
+fn smaller_rows(rows: usize, floor: usize, min_wg: usize) -> usize {
+    let mut rpw = ROWS_PER_WORKGROUP;
+    while rpw > floor && rows.div_ceil(rpw) < min_wg {
+        rpw /= 2;
+    }
+    rpw
+}
+
+/// Workgroups a product keeps before it takes more rows per workgroup.
+const MIN_WORKGROUPS: usize = 512;
+
+/// [`rows_per_workgroup`]'s rule for a requested `want` rows per workgroup, keeping at least `min_wg`
+/// workgroups.
+fn rows_rule(rows: usize, pairs: bool, want: usize, min_wg: usize) -> usize {
     let mut rpw = want;
     while rpw > ROWS_PER_WORKGROUP
-        && (rows.div_ceil(rpw) < 512 || (pairs && !rows.is_multiple_of(rpw)))
+        && (rows.div_ceil(rpw) < min_wg || (pairs && !rows.is_multiple_of(rpw)))
     {
         rpw /= 2;
     }
@@ -710,14 +754,21 @@ mod tests {
     #[test]
     fn rows_per_workgroup_keeps_workgroups_and_pairs_whole() {
         // Llama 3.2 1B's gate-up (32768 rows): 32 rows still make 1024 workgroups.
-        assert_eq!(rows_rule(32768, true, 32), 32);
+        assert_eq!(rows_rule(32768, true, 32, 512), 32);
         // Its QKV (3072 rows): 16 rows would leave 192 workgroups, so 8.
-        assert_eq!(rows_rule(3072, true, 16), 8);
+        assert_eq!(rows_rule(3072, true, 16, 512), 8);
         // The LM head (128256 rows, no pairs): 64 rows, 2004 workgroups with a partial last one.
-        assert_eq!(rows_rule(128256, false, 64), 64);
+        assert_eq!(rows_rule(128256, false, 64, 512), 64);
         // Pairs need whole workgroups: 8200 rows at 16 would split one.
-        assert_eq!(rows_rule(8200, true, 16), 8);
-        assert_eq!(rows_rule(8200, false, 16), 16);
-        assert_eq!(rows_rule(100, false, 8), 8);
+        assert_eq!(rows_rule(8200, true, 16, 512), 8);
+        assert_eq!(rows_rule(8200, false, 16, 512), 16);
+        assert_eq!(rows_rule(100, false, 8, 512), 8);
+        // Plain products of few rows go under 8 rows per workgroup: 576 rows at 2 (288 workgroups).
+        assert_eq!(smaller_rows(576, 2, 512), 2);
+        assert_eq!(smaller_rows(2048, 2, 512), 4);
+        assert_eq!(smaller_rows(2048, 8, 512), 8);
+        assert_eq!(smaller_rows(8192, 2, 512), 8);
+        // With fewer workgroups allowed, the QKV takes 16 rows (192 workgroups).
+        assert_eq!(rows_rule(3072, true, 32, 128), 16);
     }
 }

@@ -466,6 +466,20 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
             },
             32,
         ),
+        // Fewer rows than subgroups: the workgroup shrinks to one subgroup per row (plain products).
+        c(
+            1,
+            37,
+            256,
+            io,
+            Fuse {
+                residual: Residual::InPlace,
+                ..Fuse::default()
+            },
+            2,
+        ),
+        c(3, 19, 130, DType::F32, Fuse::default(), 4),
+        c(1, 33, 1000, io, Fuse::default(), 2),
     ]
 }
 
