@@ -340,14 +340,18 @@ fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
 }
 
 /// Fewest rows per workgroup the plain products may take (`DRIFT_MATVEC_MIN_ROWS` = 2, 4 or 8,
-/// default 8).
+/// default 4). On the H200 (2026-11-30) 4 gave Llama 3.2 1B decode 978.6 tok/s against 971-973 at 8
+/// (its O and down products at 512 workgroups instead of 256); SmolLM2-135M 1180.5 against 1175-1184
+/// at 8 and 1164.8 at 2.
 fn min_rows() -> usize {
     std::env::var("DRIFT_MATVEC_MIN_ROWS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|r| [2, 4, 8].contains(r))
-        .unwrap_or(ROWS_PER_WORKGROUP)
+        .unwrap_or(DEFAULT_MIN_ROWS)
 }
+
+const DEFAULT_MIN_ROWS: usize = 4;
 
 /// Rows per workgroup under 8 (down to `floor`) while the product has fewer than `min_wg` workgroups.
 fn smaller_rows(rows: usize, floor: usize, min_wg: usize) -> usize {
