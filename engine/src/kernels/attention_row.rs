@@ -96,7 +96,7 @@ impl RowLanes {
     }
 
     fn threads(&self, caps: &Caps, d: usize, requested: Option<usize>) -> usize {
-        let wanted = requested.map_or_else(|| threads_wanted(d) as usize, |t| t);
+        let wanted = requested.unwrap_or_else(|| threads_wanted(d) as usize);
         let max = (caps.max_invocations_per_workgroup as usize)
             .min(wanted)
             .max(self.s);

@@ -316,23 +316,17 @@ const DEFAULT_ROWS: usize = 32;
 /// Rows per workgroup of the subgroup kernel for a shard of `rows` rows: [`DEFAULT_ROWS`] (or the
 /// override) where the shard still gets enough workgroups (>= 512) and, for the paired-row
 /// epilogues, whole workgroups; else fewer, down to 8 (one per subgroup).
-/// Staged products may keep fewer workgroups (`DRIFT_MATVEC_STAGED_MIN_WG`, default 512) to share
-/// one staged input among more rows.
+/// Plain products (no staged input, no paired rows) of few rows go under 8 rows per workgroup
+/// ([`min_rows`]).
 fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
     let want = std::env::var("DRIFT_MATVEC_ROWS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|r| [8, 16, 32, 64].contains(r))
         .unwrap_or(DEFAULT_ROWS);
-    let min_wg = if staged {
-        std::env::var("DRIFT_MATVEC_STAGED_MIN_WG")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(MIN_WORKGROUPS)
-    } else {
-        MIN_WORKGROUPS
-    };
-    let rpw = rows_rule(rows, pairs, want, min_wg);
+    // Fewer workgroups, each sharing its staged input among more rows, measured slower on the H200
+    // (2026-11-30: QKV at 16 rows, 1B 963.4 tok/s; at 32, 932.8; against 971-973 at 8).
+    let rpw = rows_rule(rows, pairs, want, MIN_WORKGROUPS);
     if pairs || staged || rpw > ROWS_PER_WORKGROUP {
         return rpw;
     }
