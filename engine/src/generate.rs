@@ -2,9 +2,9 @@
 //! limit or a cancel. Greedy decoding stays on the GPU (the argmax writes the next input id and moves
 //! the step state on), runs several steps per command buffer (their ids read back together) and keeps
 //! several buffers in flight so CPU work (readback, detokenising, streaming) overlaps the GPU; sampling
-//! reads back a short candidate list per token. Decode steps'
-//! command buffers are encoded ahead on worker threads ([`crate::encode_ahead`]), so the submitting
-//! thread only submits them (writing the step state for the first greedy step and every sampled one).
+//! reads back a short candidate list per token. Decode command buffers are encoded ahead on worker
+//! threads ([`crate::encode_ahead`]), so the submitting thread only submits them (writing the step
+//! state for the first greedy step and every sampled one).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
