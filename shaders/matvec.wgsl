@@ -18,8 +18,7 @@
 // once into workgroup memory (stage_x) before the rows read it.
 //
 // Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), RPW, WF16 (f16 weight),
-// VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), LF8 (with VEC: eight loads in
-// flight per lane instead of four), SG, PF (with SG, VEC and
+// VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, PF (with SG, VEC and
 // STAGE: each subgroup's first row's first loads issued before the staging), and matvec_fuse.wgsl's
 // BIAS, NORM, SWIGLU, RES (with their types and bindings), the paired-row epilogues (PAIRS with GLU or
 // ROPE) and STAGE, XS, STAGE_TAIL.
@@ -195,28 +194,6 @@ fn add1(wv: f32, e: u32) {
 // flight.
 fn partial_from(wrow: u32, nc: u32, c0: u32, ts: u32) {
     var c = c0;
-#if LF8
-    // Eight loads in flight while they last: a 2048-wide f16 row is then one round of loads per lane
-    // instead of two dependent ones.
-    for (; c + 7u * ts < nc; c += 8u * ts) {
-        let w0 = wload(wrow + c);
-        let w1 = wload(wrow + c + ts);
-        let w2 = wload(wrow + c + 2u * ts);
-        let w3 = wload(wrow + c + 3u * ts);
-        let w4 = wload(wrow + c + 4u * ts);
-        let w5 = wload(wrow + c + 5u * ts);
-        let w6 = wload(wrow + c + 6u * ts);
-        let w7 = wload(wrow + c + 7u * ts);
-        add_chunk(w0, c);
-        add_chunk(w1, c + ts);
-        add_chunk(w2, c + 2u * ts);
-        add_chunk(w3, c + 3u * ts);
-        add_chunk(w4, c + 4u * ts);
-        add_chunk(w5, c + 5u * ts);
-        add_chunk(w6, c + 6u * ts);
-        add_chunk(w7, c + 7u * ts);
-    }
-#endif
     for (; c + 3u * ts < nc; c += 4u * ts) {
         let w0 = wload(wrow + c);
         let w1 = wload(wrow + c + ts);

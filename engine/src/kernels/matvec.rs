@@ -86,9 +86,6 @@ pub struct MatvecOptions<'a> {
     /// Staged subgroup kernels: issue each subgroup's first weight loads before staging the input.
     /// `None`: `DRIFT_MATVEC_PREFETCH=1` (off by default).
     pub prefetch: Option<bool>,
-    /// Vector kernels: weight loads in flight per lane, 4 or 8. `None`: `DRIFT_MATVEC_LOADS` (4 by
-    /// default).
-    pub loads_in_flight: Option<usize>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -226,15 +223,8 @@ pub fn matvec_shards(
                 .prefetch
                 .unwrap_or_else(|| prefetch_on(opts.rope.is_some(), opts.glu));
         let name = if pf { format!("{name}_pf") } else { name };
-        let lf8 = vec
-            && opts
-                .loads_in_flight
-                .unwrap_or_else(|| loads_in_flight(stage.vec4s > 0))
-                == 8;
-        let name = if lf8 { format!("{name}_l8") } else { name };
         let spec = KernelSpec::new(name, MATVEC_SRC, "matvec")
             .define("PF", u8::from(pf))
-            .define("LF8", u8::from(lf8))
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(f16))
@@ -296,16 +286,6 @@ fn prefetch_on(rope: bool, glu: bool) -> bool {
         "norm"
     };
     v == "1" || v.split(',').any(|k| k.trim() == kind)
-}
-
-/// Weight loads in flight per lane of the vector kernels by default: `DRIFT_MATVEC_LOADS=8` (every
-/// product) or `=8plain` (those without a staged input), else 4.
-fn loads_in_flight(staged: bool) -> usize {
-    match std::env::var("DRIFT_MATVEC_LOADS").ok().as_deref() {
-        Some("8") => 8,
-        Some("8plain") if !staged => 8,
-        _ => 4,
-    }
 }
 
 /// Rows per workgroup of the subgroup kernel by default (`DRIFT_MATVEC_ROWS=8|16|32|64` overrides it):

@@ -250,8 +250,6 @@ pub struct Case {
     pub rows_per_workgroup: Option<usize>,
     /// [`MatvecOptions::prefetch`].
     pub prefetch: Option<bool>,
-    /// [`MatvecOptions::loads_in_flight`].
-    pub loads_in_flight: Option<usize>,
     pub fuse: Fuse,
 }
 
@@ -282,7 +280,6 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 max_stage_bytes: None,
                 rows_per_workgroup: None,
                 prefetch: None,
-                loads_in_flight: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -351,27 +348,6 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     ..c(3, 64, 3)
                 });
             }
-            // Eight loads in flight per lane: rows of one, several and a part of eight-load rounds
-            // (each followed by four-load rounds and single loads), batch rows, f16 in and out.
-            let eight = |case: Case| Case {
-                loads_in_flight: Some(8),
-                ..case
-            };
-            cases.extend([
-                eight(c(1, 40, 4424)),
-                eight(c(2, 24, 2056)),
-                eight(Case {
-                    bias: true,
-                    ..c(3, 57, 1000)
-                }),
-            ]);
-            if gpu.caps.f16 {
-                cases.push(eight(Case {
-                    x_dtype: DType::F16,
-                    out_dtype: DType::F16,
-                    ..c(1, 33, 8200)
-                }));
-            }
             for case in cases {
                 out.push(check(gpu, rng, &case)?);
             }
@@ -401,18 +377,6 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 out.push(check(gpu, rng, &case)?);
             }
         }
-        // The fused and staged cases with eight loads in flight (the prologues, GLU and residual
-        // epilogues around the longer rounds).
-        for case in fused_cases(w_dtype, io, variant)
-            .into_iter()
-            .chain(staged_cases(gpu, w_dtype, io, variant))
-        {
-            let case = Case {
-                loads_in_flight: Some(8),
-                ..case
-            };
-            out.push(check(gpu, rng, &case)?);
-        }
     }
     Ok(out)
 }
@@ -436,8 +400,11 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: Some(rows),
         prefetch: None,
-        loads_in_flight: None,
         fuse,
+    };
+    let in_place = Fuse {
+        residual: Residual::InPlace,
+        ..Fuse::default()
     };
     let glu = Fuse {
         glu: true,
@@ -455,29 +422,9 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         c(1, 37, 256, DType::F32, Fuse::norm(DType::F32), 16),
         c(1, 75, 256, DType::F32, Fuse::norm(DType::F32), 64),
         c(3, 19, 130, DType::F32, Fuse::norm(DType::F32), 32),
-        c(
-            1,
-            37,
-            256,
-            io,
-            Fuse {
-                residual: Residual::InPlace,
-                ..Fuse::default()
-            },
-            32,
-        ),
+        c(1, 37, 256, io, in_place, 32),
         // Fewer rows than subgroups: the workgroup shrinks to one subgroup per row (plain products).
-        c(
-            1,
-            37,
-            256,
-            io,
-            Fuse {
-                residual: Residual::InPlace,
-                ..Fuse::default()
-            },
-            2,
-        ),
+        c(1, 37, 256, io, in_place, 2),
         c(3, 19, 130, DType::F32, Fuse::default(), 4),
         c(1, 33, 1000, io, Fuse::default(), 2),
     ]
@@ -503,7 +450,6 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: None,
         prefetch: None,
-        loads_in_flight: None,
         fuse,
     };
     let norm = Fuse::norm;
@@ -617,7 +563,6 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         max_stage_bytes,
         rows_per_workgroup: None,
         prefetch: None,
-        loads_in_flight: None,
         fuse,
     };
     let norm = Fuse::norm(DType::F32);
@@ -685,7 +630,6 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             max_stage_bytes: c.max_stage_bytes,
             rows_per_workgroup: c.rows_per_workgroup,
             prefetch: c.prefetch,
-            loads_in_flight: c.loads_in_flight,
             ..Default::default()
         },
     );
@@ -731,9 +675,6 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if c.prefetch == Some(true) {
         name += " prefetch";
-    }
-    if let Some(l) = c.loads_in_flight {
-        name += &format!(" {l} loads");
     }
     name += staged;
     Ok(compare(
