@@ -45,6 +45,8 @@ pub struct Generation {
     pub stop_reason: StopReason,
     /// Where the decode loop's wall time went (summed over the steps).
     pub decode_time: DecodeTime,
+    /// Decode steps per command buffer this generation ran (1 when sampling).
+    pub decode_batch: usize,
 }
 
 /// The decode loop's wall time by what the submitting thread did, in microseconds.
@@ -81,6 +83,11 @@ pub struct LlmSession {
     cand: Tensor,
     /// Greedy decode steps per command buffer ([`decode_batch`] at creation).
     pub decode_batch: usize,
+    /// Whether a GPU too slow for batching to pay streams one step per buffer ([`batch_for`]); off
+    /// where `DRIFT_DECODE_BATCH` is set.
+    pub adaptive_batch: bool,
+    /// Milliseconds per decode step of the last greedy generation.
+    step_ms: Option<f64>,
 }
 
 impl LlmSession {
@@ -115,6 +122,8 @@ impl LlmSession {
             eos,
             cached: Vec::new(),
             decode_batch: decode_batch(),
+            adaptive_batch: std::env::var_os("DRIFT_DECODE_BATCH").is_none(),
+            step_ms: None,
         })
     }
 
@@ -187,10 +196,10 @@ impl LlmSession {
         // while the prefill runs. The last step that can be needed produces token number max_tokens,
         // and none may write a row past the context.
         let first_pos = prompt.len();
-        let batch = if greedy {
-            self.decode_batch.clamp(1, MAX_BATCH)
-        } else {
-            1
+        let batch = match (greedy, self.adaptive_batch) {
+            (false, _) => 1,
+            (true, true) => batch_for(self.decode_batch, self.step_ms),
+            (true, false) => self.decode_batch.clamp(1, MAX_BATCH),
         };
         let end = (first_pos + opts.max_tokens.saturating_sub(1)).min(m.max_ctx);
         let steps_of = move |b: usize| {
@@ -335,6 +344,9 @@ impl LlmSession {
             .map_or(first_pos, |b| steps_of(b).end);
         self.cached.truncate(kv_rows);
         let decode_s = t1.elapsed().as_secs_f64();
+        if greedy && tokens.len() > 1 {
+            self.step_ms = Some(decode_s * 1e3 / (tokens.len() - 1) as f64);
+        }
         Ok(Generation {
             text,
             tokens: tokens.clone(),
@@ -347,6 +359,7 @@ impl LlmSession {
             },
             stop_reason: stop,
             decode_time: time,
+            decode_batch: batch,
         })
     }
 
@@ -493,6 +506,18 @@ const DEFAULT_BATCH: usize = 4;
 /// The most steps one command buffer may hold: their ids must fit a readback slot.
 const MAX_BATCH: usize = 64;
 
+/// Steps per command buffer for a session configured with `configured` whose last greedy generation
+/// took `step_ms` per step: batching saves ~50-80 us of GPU time per buffer, under 1% once a step takes
+/// [`SLOW_STEP_MS`], while tokens would then stream in visible bursts; such GPUs get one step per buffer.
+fn batch_for(configured: usize, step_ms: Option<f64>) -> usize {
+    match step_ms {
+        Some(ms) if ms > SLOW_STEP_MS => 1,
+        _ => configured.clamp(1, MAX_BATCH),
+    }
+}
+
+const SLOW_STEP_MS: f64 = 8.0;
+
 /// Where a step's results are copied from: the history (the buffers it ends with) and the candidate
 /// list, into a readback slot.
 struct ResultCopy {
@@ -582,6 +607,7 @@ mod tests {
         let run = |row_max: Option<usize>, batch: usize| {
             let mut s = fixture_session(&gpu);
             s.decode_batch = batch;
+            s.adaptive_batch = false;
             if let Some(n) = row_max {
                 s.model.set_row_attention_max_kv(&gpu, n).unwrap();
             }
@@ -624,6 +650,7 @@ mod tests {
         let mut run = |batch: usize, max_tokens: usize| {
             s.reset();
             s.decode_batch = batch;
+            s.adaptive_batch = false;
             let g = s
                 .generate(&gpu, &prompt, &greedy(max_tokens), &cancel, &mut |_| {})
                 .unwrap();
@@ -645,6 +672,42 @@ mod tests {
         }
     }
 
+    /// A GPU whose last generation took over 8 ms per step streams one step per buffer (no bursts);
+    /// fast ones, the first generation and an explicit setting batch as configured.
+    #[test]
+    fn slow_gpus_stream_one_step_per_buffer() {
+        assert_eq!(batch_for(4, None), 4);
+        assert_eq!(batch_for(4, Some(1.0)), 4);
+        assert_eq!(batch_for(4, Some(20.0)), 1);
+        assert_eq!(batch_for(500, Some(1.0)), MAX_BATCH);
+        let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
+        let cancel = AtomicBool::new(false);
+        let mut s = fixture_session(&gpu);
+        let prompt = s
+            .tokenizer
+            .encode("The capital of France is", false)
+            .unwrap();
+        s.decode_batch = 4;
+        let run = |s: &mut LlmSession, adaptive: bool, step_ms: Option<f64>| {
+            s.reset();
+            s.adaptive_batch = adaptive;
+            s.step_ms = step_ms;
+            let g = s
+                .generate(&gpu, &prompt, &greedy(6), &cancel, &mut |_| {})
+                .unwrap();
+            assert!(
+                s.step_ms.is_some_and(|ms| ms > 0.0),
+                "the step time is kept"
+            );
+            (g.tokens, g.decode_batch)
+        };
+        let (first, batch) = run(&mut s, true, None);
+        assert_eq!(batch, 4);
+        assert_eq!(run(&mut s, true, Some(20.0)), (first.clone(), 1));
+        assert_eq!(run(&mut s, true, Some(0.5)), (first.clone(), 4));
+        assert_eq!(run(&mut s, false, Some(20.0)), (first, 4));
+    }
+
     /// A reply cut short (token limit, stop) leaves its last token without a KV row: the next turn must
     /// prefill it rather than reuse the unwritten row, and give what a fresh session gives. Profiling a
     /// decode step in between must not disturb the cache either.
@@ -660,6 +723,7 @@ mod tests {
         for (max_tokens, batch) in [(1, 1), (5, 1), (5, 3), (6, 4)] {
             s.reset();
             s.decode_batch = batch;
+            s.adaptive_batch = false;
             let first = s
                 .generate(&gpu, &prompt, &greedy(max_tokens), &cancel, &mut |_| {})
                 .unwrap();
