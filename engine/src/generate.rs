@@ -588,6 +588,13 @@ mod tests {
         open_llm(gpu, &dir, Some(64), QuantScheme::None).unwrap()
     }
 
+    /// The fixture tests' prompt, tokenized.
+    fn france(s: &LlmSession) -> Vec<u32> {
+        s.tokenizer
+            .encode("The capital of France is", false)
+            .unwrap()
+    }
+
     fn greedy(max_tokens: usize) -> GenerateOptions {
         GenerateOptions {
             sampling: SamplingParams::greedy(),
@@ -643,10 +650,7 @@ mod tests {
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
         let cancel = AtomicBool::new(false);
         let mut s = fixture_session(&gpu);
-        let prompt = s
-            .tokenizer
-            .encode("The capital of France is", false)
-            .unwrap();
+        let prompt = france(&s);
         let mut run = |batch: usize, max_tokens: usize| {
             s.reset();
             s.decode_batch = batch;
@@ -683,10 +687,7 @@ mod tests {
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
         let cancel = AtomicBool::new(false);
         let mut s = fixture_session(&gpu);
-        let prompt = s
-            .tokenizer
-            .encode("The capital of France is", false)
-            .unwrap();
+        let prompt = france(&s);
         s.decode_batch = 4;
         let run = |s: &mut LlmSession, adaptive: bool, step_ms: Option<f64>| {
             s.reset();
@@ -716,10 +717,7 @@ mod tests {
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
         let mut s = fixture_session(&gpu);
         let cancel = AtomicBool::new(false);
-        let prompt = s
-            .tokenizer
-            .encode("The capital of France is", false)
-            .unwrap();
+        let prompt = france(&s);
         for (max_tokens, batch) in [(1, 1), (5, 1), (5, 3), (6, 4)] {
             s.reset();
             s.decode_batch = batch;
