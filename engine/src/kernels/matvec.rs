@@ -294,10 +294,9 @@ fn prefetch_on(rope: bool, glu: bool) -> bool {
 const DEFAULT_ROWS: usize = 32;
 
 /// Rows per workgroup of the subgroup kernel for a shard of `rows` rows: [`DEFAULT_ROWS`] (or the
-/// override) where the shard still gets enough workgroups (>= 512) and, for the paired-row
-/// epilogues, whole workgroups; else fewer, down to 8 (one per subgroup).
-/// Plain products (no staged input, no paired rows) of few rows go under 8 rows per workgroup
-/// ([`min_rows`]).
+/// override) where the shard still gets enough workgroups ([`MIN_WORKGROUPS`]) and, for the paired-row
+/// epilogues, whole workgroups; else fewer, down to 8 (one per subgroup). Plain products (no staged
+/// input, no paired rows) that still have too few workgroups go under 8 ([`min_rows`]).
 fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
     let want = std::env::var("DRIFT_MATVEC_ROWS")
         .ok()
@@ -306,11 +305,11 @@ fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
         .unwrap_or(DEFAULT_ROWS);
     // Fewer workgroups, each sharing its staged input among more rows, measured slower on the H200
     // (2026-11-30: QKV at 16 rows, 1B 963.4 tok/s; at 32, 932.8; against 971-973 at 8).
-    let rpw = rows_rule(rows, pairs, want, MIN_WORKGROUPS);
+    let rpw = rows_rule(rows, pairs, want);
     if pairs || staged || rpw > ROWS_PER_WORKGROUP {
         return rpw;
     }
-    smaller_rows(rows, min_rows(), MIN_WORKGROUPS)
+    smaller_rows(rows, min_rows())
 }
 
 /// Fewest rows per workgroup the plain products may take (`DRIFT_MATVEC_MIN_ROWS` = 2, 4 or 8,
@@ -327,10 +326,10 @@ fn min_rows() -> usize {
 
 const DEFAULT_MIN_ROWS: usize = 4;
 
-/// Rows per workgroup under 8 (down to `floor`) while the product has fewer than `min_wg` workgroups.
-fn smaller_rows(rows: usize, floor: usize, min_wg: usize) -> usize {
+/// Rows per workgroup under 8 (down to `floor`) while the product has fewer than [`MIN_WORKGROUPS`].
+fn smaller_rows(rows: usize, floor: usize) -> usize {
     let mut rpw = ROWS_PER_WORKGROUP;
-    while rpw > floor && rows.div_ceil(rpw) < min_wg {
+    while rpw > floor && rows.div_ceil(rpw) < MIN_WORKGROUPS {
         rpw /= 2;
     }
     rpw
@@ -339,12 +338,11 @@ fn smaller_rows(rows: usize, floor: usize, min_wg: usize) -> usize {
 /// Workgroups a product keeps before it takes more rows per workgroup.
 const MIN_WORKGROUPS: usize = 512;
 
-/// [`rows_per_workgroup`]'s rule for a requested `want` rows per workgroup, keeping at least `min_wg`
-/// workgroups.
-fn rows_rule(rows: usize, pairs: bool, want: usize, min_wg: usize) -> usize {
+/// [`rows_per_workgroup`]'s rule for a requested `want` rows per workgroup.
+fn rows_rule(rows: usize, pairs: bool, want: usize) -> usize {
     let mut rpw = want;
     while rpw > ROWS_PER_WORKGROUP
-        && (rows.div_ceil(rpw) < min_wg || (pairs && !rows.is_multiple_of(rpw)))
+        && (rows.div_ceil(rpw) < MIN_WORKGROUPS || (pairs && !rows.is_multiple_of(rpw)))
     {
         rpw /= 2;
     }
@@ -732,21 +730,19 @@ mod tests {
     #[test]
     fn rows_per_workgroup_keeps_workgroups_and_pairs_whole() {
         // Llama 3.2 1B's gate-up (32768 rows): 32 rows still make 1024 workgroups.
-        assert_eq!(rows_rule(32768, true, 32, 512), 32);
+        assert_eq!(rows_rule(32768, true, 32), 32);
         // Its QKV (3072 rows): 16 rows would leave 192 workgroups, so 8.
-        assert_eq!(rows_rule(3072, true, 16, 512), 8);
+        assert_eq!(rows_rule(3072, true, 16), 8);
         // The LM head (128256 rows, no pairs): 64 rows, 2004 workgroups with a partial last one.
-        assert_eq!(rows_rule(128256, false, 64, 512), 64);
+        assert_eq!(rows_rule(128256, false, 64), 64);
         // Pairs need whole workgroups: 8200 rows at 16 would split one.
-        assert_eq!(rows_rule(8200, true, 16, 512), 8);
-        assert_eq!(rows_rule(8200, false, 16, 512), 16);
-        assert_eq!(rows_rule(100, false, 8, 512), 8);
+        assert_eq!(rows_rule(8200, true, 16), 8);
+        assert_eq!(rows_rule(8200, false, 16), 16);
+        assert_eq!(rows_rule(100, false, 8), 8);
         // Plain products of few rows go under 8 rows per workgroup: 576 rows at 2 (288 workgroups).
-        assert_eq!(smaller_rows(576, 2, 512), 2);
-        assert_eq!(smaller_rows(2048, 2, 512), 4);
-        assert_eq!(smaller_rows(2048, 8, 512), 8);
-        assert_eq!(smaller_rows(8192, 2, 512), 8);
-        // With fewer workgroups allowed, the QKV takes 16 rows (192 workgroups).
-        assert_eq!(rows_rule(3072, true, 32, 128), 16);
+        assert_eq!(smaller_rows(576, 2), 2);
+        assert_eq!(smaller_rows(2048, 2), 4);
+        assert_eq!(smaller_rows(2048, 8), 8);
+        assert_eq!(smaller_rows(8192, 2), 8);
     }
 }
