@@ -22,6 +22,8 @@
 // per invocation (register pressure), never with EPI4. BK64 (with SG8 only): K steps of 64, twice the
 // work per global-load round trip and per barrier pair. ST8 (set by the host: not SG8, or BK64): 8
 // staged vec4 per operand and invocation instead of 4.
+// Split K (kernels/matmul_splitk.rs): batch entry z is slice z of K; p.k is the slice's length and
+// p.lda a's row stride (the whole K).
 // Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
@@ -35,6 +37,7 @@ struct Params {
     m: u32, n: u32, k: u32, tiles_m: u32,
     tiles_n: u32, groups: u32, a_bs: u32, b_bs: u32,
     out_bs: u32, ldo: u32, col0: u32, ldb: u32,
+    trans_b: u32, lda: u32, p22: u32, p23: u32, // trans_b: the tiled kernel's; lda: a's row stride
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -113,14 +116,14 @@ fn tile_of(g: u32) -> vec3<u32> {
 #if VA
 fn fetch_a(base: u32, row: u32, k: u32) -> vec4<f16> {
     if row < p.m && k < p.k {
-        return ma[(base + row * p.k + k) / 4u];
+        return ma[(base + row * p.lda + k) / 4u];
     }
     return vec4<f16>(0.0);
 }
 #else
 fn a_at(base: u32, row: u32, k: u32) -> f16 {
     if row < p.m && k < p.k {
-        return ma[base + row * p.k + k];
+        return ma[base + row * p.lda + k];
     }
     return f16(0.0);
 }

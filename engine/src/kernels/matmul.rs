@@ -9,7 +9,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
-use crate::kernels::{KernelSpec, grid};
+use crate::kernels::{KernelSpec, grid, matmul_splitk};
 use crate::tensor::{DType, Layout, RowShard, Tensor};
 use crate::{shader, shape_err};
 
@@ -48,6 +48,9 @@ pub struct MatmulOptions<'a> {
     pub tile: MatmulTile,
     /// Build switches of the cooperative kernel (A/B timing on the target GPU).
     pub coop: CoopTuning,
+    /// K slices of the cooperative kernel (`kernels::matmul_splitk`): 0 automatic, 1 none, else that
+    /// many where K allows.
+    pub split_k: usize,
 }
 
 /// Build switches of the cooperative-matrix kernel. The default is what the model paths use; the
@@ -120,7 +123,43 @@ pub fn matmul(
             opts,
         );
     }
-    Ok(vec![build(gpu, a, b, out, opts, &s, 0, s.n)?])
+    let split = if !too_big
+        && s.batch == 1
+        && !s.batched_b
+        && opts.transpose_b
+        && choose_variant(&gpu.caps, a.dtype, opts.variant)? == MatmulVariant::Coop
+        && vector_ready(gpu, a, out, s.n)?
+    {
+        matmul_splitk::slices(opts.split_k, s.m, s.n, s.k)
+    } else {
+        1
+    };
+    if split > 1 {
+        let part = gpu.tensor(
+            "matmul split-K partials",
+            &[split, s.m, s.n],
+            DType::F32,
+            crate::Category::Activations,
+        )?;
+        let no_bias = MatmulOptions {
+            bias: None,
+            ..*opts
+        };
+        return Ok(vec![
+            build(gpu, a, b, &part, &no_bias, &s, 0, s.n, split)?,
+            matmul_splitk::sum_slices(gpu, &part, out, opts.bias, split)?,
+        ]);
+    }
+    Ok(vec![build(gpu, a, b, out, opts, &s, 0, s.n, 1)?])
+}
+
+/// Whether `a` and `out` (N columns) allow the split-K passes' vector access: N and both base offsets
+/// multiples of 4 elements.
+fn vector_ready(gpu: &Gpu, a: &Tensor, out: &Tensor, n: usize) -> Result<bool> {
+    let max = gpu.caps.max_storage_binding;
+    Ok(n.is_multiple_of(4)
+        && a.binding(max)?.base_elems.is_multiple_of(4)
+        && out.binding(max)?.base_elems.is_multiple_of(4))
 }
 
 /// `out = a @ W^T + bias` for a weight `W` `[N, K]` given as row shards (each bound separately, for
@@ -167,6 +206,7 @@ pub fn matmul_shards(
             &s,
             sh.row_start,
             sh.tensor.shape[0],
+            1,
         )?);
     }
     Ok(ds)
@@ -317,6 +357,7 @@ fn build(
     s: &Shape,
     col0: usize,
     n: usize,
+    split: usize,
 ) -> Result<Dispatch> {
     let caps = &gpu.caps;
     let ba = a.binding(caps.max_storage_binding)?.base_elems as usize;
@@ -328,16 +369,24 @@ fn build(
     let f16 = needs_f16(caps, &dtypes)?;
     let variant = choose_variant(caps, a.dtype, opts.variant)?;
 
-    let Shape { batch, m, k, .. } = *s;
+    let Shape { m, k: lda, .. } = *s;
     let n_total = s.n;
-    let ldb = if opts.transpose_b { k } else { n_total };
-    let (a_bs, b_bs, out_bs) = (
-        m * k,
-        if s.batched_b { k * n_total } else { 0 },
-        m * n_total,
-    );
+    let ldb = if opts.transpose_b { lda } else { n_total };
+    // Split K: slice z of K is batch entry z (a and b advance by the slice, out by a whole [M, N]).
+    let (batch, k, a_bs, b_bs) = if split > 1 {
+        let ks = lda / split;
+        (split, ks, ks, ks)
+    } else {
+        (
+            s.batch,
+            lda,
+            m * lda,
+            if s.batched_b { lda * n_total } else { 0 },
+        )
+    };
+    let out_bs = m * n_total;
     // Vector access needs the contiguous run and every base offset to be multiples of 4 elements.
-    let va = k.is_multiple_of(4) && ba.is_multiple_of(4);
+    let va = lda.is_multiple_of(4) && k.is_multiple_of(4) && ba.is_multiple_of(4);
     let vb =
         ldb.is_multiple_of(4) && bb.is_multiple_of(4) && (opts.transpose_b || n.is_multiple_of(4));
     let vo = n.is_multiple_of(4)
@@ -422,14 +471,16 @@ fn build(
     let groups = batch * tiles_m * tiles_n;
     // Element indices are u32 in the kernels (bindings are at most a few GiB).
     let largest = (ba + batch * m * k)
-        .max(bb + if s.batched_b { batch } else { 1 } * n * k)
+        .max(bb + if s.batched_b { batch } else { 1 } * n * lda)
         .max(bo + batch * m * n_total);
     if groups > u32::MAX as usize || largest > u32::MAX as usize {
         return Err(shape_err!(
             "matmul of {batch}x{m}x{n}x{k} is too large for 32-bit indexing"
         ));
     }
-    let flags = [usize::from(opts.transpose_b)];
+    // The tiled kernel's B-layout flag, then a's row stride (the cooperative kernel's; K unless split)
+    // and padding to whole 16-byte rows of the uniform.
+    let flags = [usize::from(opts.transpose_b), lda, 0, 0];
     let params: Vec<u32> = [
         m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, n_total, col0, ldb,
     ]
@@ -442,7 +493,7 @@ fn build(
         flops: matmul_flops(batch, m, n, k) + opts.bias.map_or(0.0, |_| (batch * m * n) as f64),
         // Each operand is read once from memory (tiles re-read it from cache), the output written once.
         bytes: (batch * m * k) as f64 * in_bytes
-            + (if s.batched_b { batch } else { 1 } * n * k) as f64 * in_bytes
+            + (if s.batched_b { batch } else { 1 } * n * lda) as f64 * in_bytes
             + (batch * m * n) as f64 * out.elem_bytes() as f64
             + opts
                 .bias

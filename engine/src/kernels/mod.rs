@@ -22,6 +22,7 @@ pub mod embedding;
 pub mod geglu;
 pub mod layout;
 pub mod matmul;
+pub(crate) mod matmul_splitk;
 pub mod matvec;
 pub mod norm;
 pub mod qkv_rope;

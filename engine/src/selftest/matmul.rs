@@ -34,6 +34,8 @@ pub struct Case {
     pub shard_bytes: Option<u64>,
     /// Build switches of the cooperative kernel.
     pub coop: CoopTuning,
+    /// K slices (`MatmulOptions::split_k`: 0 automatic).
+    pub split_k: usize,
 }
 
 impl Case {
@@ -54,6 +56,7 @@ impl Case {
             tile: MatmulTile::Auto,
             shard_bytes: None,
             coop: CoopTuning::default(),
+            split_k: 0,
         }
     }
 }
@@ -199,6 +202,25 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     out.push(check(gpu, rng, &case)?);
                 }
             }
+            // Split K: few 128x128 blocks (automatic: 4 slices), asked-for slices, the summing pass's
+            // bias and f16 output, views at vector-aligned offsets, and a K the split must refuse.
+            for (split_k, bias, out_dtype, a_offset, out_offset, k) in [
+                (0, false, DType::F32, 0, 0, 1024),
+                (2, true, DType::F16, 0, 0, 1024),
+                (4, true, DType::F32, 8, 4, 1024),
+                (0, false, DType::F32, 0, 0, 576),
+            ] {
+                let case = Case {
+                    variant: MatmulVariant::Coop,
+                    bias,
+                    out_dtype,
+                    a_offset,
+                    out_offset,
+                    split_k,
+                    ..Case::new(1, 200, 260, k, true, dtype)
+                };
+                out.push(check(gpu, rng, &case)?);
+            }
         }
     }
     Ok(out)
@@ -248,6 +270,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         variant: c.variant,
         tile: c.tile,
         coop: c.coop,
+        split_k: c.split_k,
     };
     let mut prog = Program::new();
     match c.shard_bytes {
@@ -281,6 +304,8 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     }
     if c.shard_bytes.is_some() {
         name += &format!(" {dispatches} shards");
+    } else if dispatches > 1 {
+        name += &format!(" split-K (asked {})", c.split_k);
     }
     if c.coop != CoopTuning::default() {
         name += &format!(" {:?}", c.coop);
@@ -292,5 +317,11 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         } else {
             1.0
         };
-    Ok(compare(name, &got, &want, atol, store_rtol(c.out_dtype)))
+    let mut result = compare(name, &got, &want, atol, store_rtol(c.out_dtype));
+    // Slices asked for must have been taken (two passes), or the check would pass on the plain path.
+    if c.split_k > 1 && dispatches != 2 {
+        result.passed = false;
+        result.detail = format!("{dispatches} dispatches: the split-K path was not taken");
+    }
+    Ok(result)
 }
