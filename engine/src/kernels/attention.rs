@@ -372,10 +372,13 @@ impl PrefillTile {
 pub fn prefill_tile(gpu: &Gpu, d: usize, subgroups: bool) -> Result<PrefillTile> {
     let limit = gpu.caps.max_workgroup_storage as usize;
     let threads = gpu.caps.max_invocations_per_workgroup as usize;
-    // Preference order (measured on an H200): many query rows per tile first (K/V reuse), then
-    // fewer keys per lane (registers).
+    // Preference order (measured on an H200, BENCHMARKS.md 2026-11-30 seventh session): many query
+    // rows per tile first (K/V reuse), then few keys per lane: registers bound the kernel. 2 keys
+    // per lane for heads up to 64 wide (Llama 3.2 1B prefill: 4 keys 2265, 2 keys 1869, 1 key 1975 us
+    // per 16 layers), 1 past that (SD 1.5's 80-wide: 2.91 ms with 2 keys, 2.61 with 1).
+    let first_tk = if d <= 64 { 2 } else { 1 };
     [
-        (16, 4),
+        (16, first_tk),
         (16, 2),
         (16, 1),
         (8, 2),
@@ -392,6 +395,17 @@ pub fn prefill_tile(gpu: &Gpu, d: usize, subgroups: bool) -> Result<PrefillTile>
         DriftError::Unsupported(format!(
             "attention: head dim {d} needs more workgroup memory than the device's {limit} bytes"
         ))
+    })
+}
+
+/// `DRIFT_ATTENTION_PREFILL_TILE=NY,TK`: the prefill tile where it fits and none was asked for (A/B
+/// timing on the target GPU).
+fn env_prefill_tile() -> Option<PrefillTile> {
+    let v = std::env::var("DRIFT_ATTENTION_PREFILL_TILE").ok()?;
+    let (ny, tk) = v.split_once(',')?;
+    Some(PrefillTile {
+        ny: ny.trim().parse().ok()?,
+        tk: tk.trim().parse().ok()?,
     })
 }
 
@@ -436,18 +450,22 @@ fn prefill(
         // The workgroup-memory reduction needs a little more memory: the tile may shrink.
         tile = prefill_tile(gpu, dims.d, false)?;
     }
-    if let Some(t) = opts.prefill_tile {
-        let ok = [1, 2, 4, 8, 16, 32].contains(&t.ny)
+    let fits = |t: &PrefillTile| {
+        [1, 2, 4, 8, 16, 32].contains(&t.ny)
             && (1..=8).contains(&t.tk)
             && t.threads() <= gpu.caps.max_invocations_per_workgroup as usize
             && t.shared_bytes(dims.d, sg) <= gpu.caps.max_workgroup_storage as usize
-            && (!sg || subgroups_usable(gpu, t.threads()));
-        if !ok {
+            && (!sg || subgroups_usable(gpu, t.threads()))
+    };
+    if let Some(t) = opts.prefill_tile {
+        if !fits(&t) {
             return Err(DriftError::Unsupported(format!(
                 "attention: prefill tile {t:?} does not fit this device for head dim {}",
                 dims.d
             )));
         }
+        tile = t;
+    } else if let Some(t) = env_prefill_tile().filter(fits) {
         tile = t;
     }
     let d = dims.d;

@@ -19,25 +19,31 @@ const MIN_SLICE_K: usize = 256;
 /// K steps of the cooperative kernel divide every slice (64: its largest).
 const SLICE_ALIGN: usize = 64;
 
-/// Slices of K for an `m x n x k` product (1: no split). `requested`: 0 automatic (`DRIFT_MATMUL_SPLITK`
-/// = 1 switches the automatic choice off), else that many where K allows.
+/// Slices of K for an `m x n x k` product (1: no split). `requested`: 0 automatic, else that many
+/// where K allows. `DRIFT_MATMUL_SPLITK=N` caps the automatic choice at N slices (1: none), for A/B
+/// timing.
 pub(crate) fn slices(requested: usize, m: usize, n: usize, k: usize) -> usize {
     let fits = |s: usize| k.is_multiple_of(s * SLICE_ALIGN) && k / s >= MIN_SLICE_K;
-    if requested > 1 {
-        return if fits(requested) { requested } else { 1 };
+    if requested > 0 {
+        return if requested > 1 && fits(requested) {
+            requested
+        } else {
+            1
+        };
     }
-    if requested == 1 || std::env::var("DRIFT_MATMUL_SPLITK").is_ok_and(|v| v == "1") {
-        return 1;
-    }
+    let cap = std::env::var("DRIFT_MATMUL_SPLITK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let tiles = m.div_ceil(128) * n.div_ceil(128);
     if tiles * 2 > TARGET_GROUPS {
         return 1;
     }
     [2, 4]
         .into_iter()
-        .filter(|&s| fits(s))
+        .filter(|&s| s <= cap && fits(s))
         .find(|&s| tiles * s >= TARGET_GROUPS)
-        .or_else(|| [4, 2].into_iter().find(|&s| fits(s)))
+        .or_else(|| [4, 2].into_iter().find(|&s| s <= cap && fits(s)))
         .unwrap_or(1)
 }
 
