@@ -46,6 +46,8 @@ pub struct Gpu {
     kernels: KernelCache,
     /// The last GPU error no error scope caught (validation errors in a dispatch, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
+    /// The f32 partials every split-K matmul writes ([`Gpu::split_k_scratch`]), made on first use.
+    split_k: Mutex<Option<crate::tensor::Tensor>>,
 }
 
 impl Gpu {
@@ -96,7 +98,29 @@ impl Gpu {
             info,
             caps,
             uncaptured,
+            split_k: Mutex::new(None),
         }
+    }
+
+    /// A shared f32 scratch of at least `len` values for split-K partials (`kernels::matmul_splitk`).
+    /// One buffer serves every split product, in every program: they run in queue order, with a barrier
+    /// between dispatches that write it, so no two overlap. It only grows (dispatches built on a smaller
+    /// one keep that alive).
+    pub(crate) fn split_k_scratch(&self, len: usize) -> Result<crate::tensor::Tensor> {
+        let mut held = self.split_k.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = held.as_ref()
+            && t.numel() >= len
+        {
+            return Ok(t.clone());
+        }
+        let t = self.tensor(
+            "matmul split-K partials",
+            &[len],
+            crate::tensor::DType::F32,
+            crate::Category::Activations,
+        )?;
+        *held = Some(t.clone());
+        Ok(t)
     }
 
     pub fn memory(&self) -> &Arc<MemoryTracker> {

@@ -135,12 +135,11 @@ pub fn matmul(
         1
     };
     if split > 1 {
-        let part = gpu.tensor(
-            "matmul split-K partials",
-            &[split, s.m, s.n],
-            DType::F32,
-            crate::Category::Activations,
-        )?;
+        // Sized for the largest split any product takes, so it is made once.
+        let len = split * s.m * s.n;
+        let part = gpu
+            .split_k_scratch(len.max(matmul_splitk::MAX_PARTIALS))?
+            .view(0, &[split, s.m, s.n])?;
         let no_bias = MatmulOptions {
             bias: None,
             ..*opts

@@ -13,6 +13,10 @@ use crate::tensor::{DType, Tensor};
 /// Workgroups a split aims for: about two 128x128 blocks per SM of a large GPU (the H200 has 132).
 const TARGET_GROUPS: usize = 256;
 
+/// Partials of the largest split the automatic choice makes: 4 slices of fewer than
+/// `TARGET_GROUPS / 2` blocks of 128 x 128 (32 MiB of f32).
+pub(crate) const MAX_PARTIALS: usize = 4 * (TARGET_GROUPS / 2) * 128 * 128;
+
 /// K per slice at least this long (shorter slices spend their time filling the pipeline).
 const MIN_SLICE_K: usize = 256;
 
