@@ -24,6 +24,10 @@
 // staged vec4 per operand and invocation instead of 4.
 // Split K (kernels/matmul_splitk.rs): batch entry z is slice z of K; p.k is the slice's length and
 // p.lda a's row stride (the whole K).
+// GLU (with TRANS_B, no BIAS, no DIRECT): b stacks gate rows [0, p.half) over up rows [p.half, 2 p.half)
+// and out[m, j] = silu(gate_j) * up_j. Block column y takes gate rows 64 y .. 64 y + 63 as its left 64
+// columns and the matching up rows as its right 64, so each subgroup pair (wn = 0, 1) holds both
+// factors of 64 output columns; the epilogue combines them from the staging area.
 // Specialisation: TO (output scalar), TB (bias scalar), TRANS_B, BIAS,
 // VA / VB (operand read as vec4<f16>), VO (vec4 output stores), DIRECT, EPI4 (stage 4 accumulators
 // per subgroup at a time: 16 KiB; else 1: 4 KiB). DIRECT binds the output as scalars (no VO).
@@ -37,7 +41,7 @@ struct Params {
     m: u32, n: u32, k: u32, tiles_m: u32,
     tiles_n: u32, groups: u32, a_bs: u32, b_bs: u32,
     out_bs: u32, ldo: u32, col0: u32, ldb: u32,
-    trans_b: u32, lda: u32, p22: u32, p23: u32, // trans_b: the tiled kernel's; lda: a's row stride
+    trans_b: u32, lda: u32, half: u32, p23: u32, // trans_b: the tiled kernel's; lda: a's row stride; half: GLU's
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -222,13 +226,26 @@ fn store_a(lid: u32, s: Stage) {
 }
 
 #if TRANS_B
+// Weight row of the block's B row lr (0..127).
+#if GLU
+fn brow(n0: u32, lr: u32) -> u32 {
+    return n0 / 2u + select(lr, p.half + lr - 64u, lr >= 64u);
+}
+#else
+fn brow(n0: u32, lr: u32) -> u32 {
+    return n0 + lr;
+}
+#endif
+
 fn load_b(lid: u32, n0: u32, k0: u32, base: u32) -> Stage {
-    let r = n0 + lid / VPR;
+    let r = lid / VPR;
     let k = k0 + (lid % VPR) * 4u;
     return Stage(
-        fetch_b(base, r, k), fetch_b(base, r + RPP, k), fetch_b(base, r + 2u * RPP, k), fetch_b(base, r + 3u * RPP, k),
+        fetch_b(base, brow(n0, r), k), fetch_b(base, brow(n0, r + RPP), k),
+        fetch_b(base, brow(n0, r + 2u * RPP), k), fetch_b(base, brow(n0, r + 3u * RPP), k),
 #if ST8
-        fetch_b(base, r + 4u * RPP, k), fetch_b(base, r + 5u * RPP, k), fetch_b(base, r + 6u * RPP, k), fetch_b(base, r + 7u * RPP, k),
+        fetch_b(base, brow(n0, r + 4u * RPP), k), fetch_b(base, brow(n0, r + 5u * RPP), k),
+        fetch_b(base, brow(n0, r + 6u * RPP), k), fetch_b(base, brow(n0, r + 7u * RPP), k),
 #endif
     );
 }
@@ -305,6 +322,51 @@ fn bias_at(col: u32) -> f32 {
 }
 #endif
 
+#if GLU
+fn silu(g: vec4<f32>) -> vec4<f32> {
+    return g / (vec4<f32>(1.0) + exp(-g));
+}
+
+// GLU: block q (wn = 0) holds gate and block q + 1 up of the same rows and of output columns
+// n0 / 2 + c0 + 0..EW-1 (n0 / 2: 64 output columns per block column).
+fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
+    let per = 16u * EW / 4u;
+    let quads = (NSG / 2u) * per;
+    for (var e = lid; e < quads; e += WG) {
+        let q = 2u * (e / per);
+        let rem = e % per;
+        let r = rem / (EW / 4u);
+        let c = (rem % (EW / 4u)) * 4u;
+        let s = q * 16u * EW + r * EW + c;
+        let u = s + 16u * EW;
+        let g = vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
+        let v = silu(g) * vec4<f32>(Cs[u], Cs[u + 1u], Cs[u + 2u], Cs[u + 3u]);
+        let row = m0 + (q / 2u) * SUBM + i * 16u + r;
+        let col = n0 / 2u + c0 + c;
+        if row < p.m {
+            let ob = o_base + row * p.ldo + col;
+#if VO
+            if col < p.half {
+                mo[ob / 4u] = vec4<{{TO}}>(v);
+            }
+#else
+            if col < p.half {
+                mo[ob] = {{TO}}(v.x);
+            }
+            if col + 1u < p.half {
+                mo[ob + 1u] = {{TO}}(v.y);
+            }
+            if col + 2u < p.half {
+                mo[ob + 2u] = {{TO}}(v.z);
+            }
+            if col + 3u < p.half {
+                mo[ob + 3u] = {{TO}}(v.w);
+            }
+#endif
+        }
+    }
+}
+#else
 // Writes the staged 16 x EW blocks of all subgroups: block q covers rows
 // m0 + (q / 2) * SUBM + i * 16 + 0..15 and columns n0 + (q % 2) * 64 + c0 + 0..EW-1.
 fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
@@ -344,6 +406,8 @@ fn flush(lid: u32, m0: u32, n0: u32, i: u32, c0: u32, o_base: u32) {
         }
     }
 }
+
+#endif
 
 @compute @workgroup_size(WG)
 fn matmul_coop(

@@ -51,6 +51,10 @@ pub struct MatmulOptions<'a> {
     /// K slices of the cooperative kernel (`kernels::matmul_splitk`): 0 automatic, 1 none, else that
     /// many where K allows.
     pub split_k: usize,
+    /// SwiGLU epilogue: `b` stacks gate rows `[0, I)` over up rows `[I, 2I)` and `out` `[.., M, I]`
+    /// is `silu(a @ gate^T) * (a @ up^T)`. Cooperative variant only (see [`glu_available`]), with
+    /// `transpose_b`, no bias and `I` a multiple of 64.
+    pub glu: bool,
 }
 
 /// Build switches of the cooperative-matrix kernel. The default is what the model paths use; the
@@ -112,6 +116,14 @@ pub fn matmul(
 ) -> Result<Vec<Dispatch>> {
     let s = check(a, b, out, opts)?;
     let too_big = b.binding(gpu.caps.max_storage_binding).is_err();
+    if opts.glu
+        && (too_big || choose_variant(&gpu.caps, a.dtype, opts.variant)? != MatmulVariant::Coop)
+    {
+        return Err(DriftError::Unsupported(
+            "the matmul SwiGLU epilogue needs the cooperative variant and a weight in one binding"
+                .into(),
+        ));
+    }
     if too_big && opts.transpose_b && !s.batched_b {
         // A weight bigger than one binding: column blocks of the output, one row shard of b each.
         let w = b.reshape(&[s.n, s.k])?;
@@ -124,6 +136,7 @@ pub fn matmul(
         );
     }
     let split = if !too_big
+        && !opts.glu
         && s.batch == 1
         && !s.batched_b
         && opts.transpose_b
@@ -272,10 +285,17 @@ fn check(a: &Tensor, b: &Tensor, out: &Tensor, opts: &MatmulOptions) -> Result<S
             }
         ));
     }
-    if out.shape[..out.rank() - 2] != *lead || out.dim(-2) != m || out.dim(-1) != n {
+    let out_n = if opts.glu { n / 2 } else { n };
+    if out.shape[..out.rank() - 2] != *lead || out.dim(-2) != m || out.dim(-1) != out_n {
         return Err(shape_err!(
-            "matmul: out is {:?}, expected {lead:?} + [{m}, {n}]",
+            "matmul: out is {:?}, expected {lead:?} + [{m}, {out_n}]",
             out.shape
+        ));
+    }
+    if opts.glu && (!opts.transpose_b || opts.bias.is_some() || !n.is_multiple_of(128)) {
+        return Err(shape_err!(
+            "matmul: the SwiGLU epilogue needs a transposed weight of gate and up rows (a multiple of \
+             128 in all, got {n}) and no bias"
         ));
     }
     if let Some(bias) = opts.bias
@@ -346,6 +366,20 @@ pub fn choose_variant(
     }
 }
 
+/// Whether [`matmul`] can apply the SwiGLU epilogue (`MatmulOptions::glu`) to `a @ w^T` for `dtype`
+/// operands and a weight `[n, k]` of gate over up rows: the cooperative variant, the weight in one
+/// binding, `n % 128 == 0`.
+pub fn glu_available(gpu: &Gpu, dtype: DType, n: usize, k: usize) -> bool {
+    n.is_multiple_of(128)
+        && dtype
+            .bytes_for(n * k)
+            .is_ok_and(|b| b <= gpu.caps.max_storage_binding)
+        && matches!(
+            choose_variant(&gpu.caps, dtype, MatmulVariant::Auto),
+            Ok(MatmulVariant::Coop)
+        )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn build(
     gpu: &Gpu,
@@ -383,13 +417,15 @@ fn build(
             if s.batched_b { lda * n_total } else { 0 },
         )
     };
-    let out_bs = m * n_total;
+    // GLU: the output has half the weight's rows as columns.
+    let ldo = if opts.glu { n_total / 2 } else { n_total };
+    let out_bs = m * ldo;
     // Vector access needs the contiguous run and every base offset to be multiples of 4 elements.
     let va = lda.is_multiple_of(4) && k.is_multiple_of(4) && ba.is_multiple_of(4);
     let vb =
         ldb.is_multiple_of(4) && bb.is_multiple_of(4) && (opts.transpose_b || n.is_multiple_of(4));
     let vo = n.is_multiple_of(4)
-        && n_total.is_multiple_of(4)
+        && ldo.is_multiple_of(4)
         && col0.is_multiple_of(4)
         && bo.is_multiple_of(4);
     let bias_name = match bias_dtype {
@@ -412,14 +448,15 @@ fn build(
     tensors.extend(opts.bias);
 
     let (spec, block) = if variant == MatmulVariant::Coop {
-        let direct = vo && out.dtype == DType::F32 && opts.bias.is_none();
+        let direct = vo && out.dtype == DType::F32 && opts.bias.is_none() && !opts.glu;
         let t = opts.coop;
         let epi4 = !t.sg8 && coop_smem(true, 4, 32) <= caps.max_workgroup_storage;
         let bk64 = t.sg8 && t.bk64 && coop_smem(false, 8, 64) <= caps.max_workgroup_storage;
         let name = format!(
-            "matmul_coop_f16{}_{}{bias_name}",
+            "matmul_coop_f16{}_{}{bias_name}{}",
             if opts.transpose_b { "_nt" } else { "" },
-            out.dtype.wgsl()
+            out.dtype.wgsl(),
+            if opts.glu { "_swiglu" } else { "" }
         );
         let mut spec = common(KernelSpec::new(
             name,
@@ -427,6 +464,7 @@ fn build(
             "matmul_coop",
         ))
         .define("TRANS_B", u8::from(opts.transpose_b))
+        .define("GLU", u8::from(opts.glu))
         .define("VO", u8::from(vo && !direct))
         .define("DIRECT", u8::from(direct))
         .define("EPI4", u8::from(epi4))
@@ -471,17 +509,17 @@ fn build(
     // Element indices are u32 in the kernels (bindings are at most a few GiB).
     let largest = (ba + batch * m * k)
         .max(bb + if s.batched_b { batch } else { 1 } * n * lda)
-        .max(bo + batch * m * n_total);
+        .max(bo + batch * m * ldo);
     if groups > u32::MAX as usize || largest > u32::MAX as usize {
         return Err(shape_err!(
             "matmul of {batch}x{m}x{n}x{k} is too large for 32-bit indexing"
         ));
     }
-    // The tiled kernel's B-layout flag, then a's row stride (the cooperative kernel's; K unless split)
-    // and padding to whole 16-byte rows of the uniform.
-    let flags = [usize::from(opts.transpose_b), lda, 0, 0];
+    // The tiled kernel's B-layout flag, then a's row stride (the cooperative kernel's; K unless split),
+    // GLU's gate rows and padding to a whole 16-byte row of the uniform.
+    let flags = [usize::from(opts.transpose_b), lda, n_total / 2, 0];
     let params: Vec<u32> = [
-        m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, n_total, col0, ldb,
+        m, n, k, tiles_m, tiles_n, groups, a_bs, b_bs, out_bs, ldo, col0, ldb,
     ]
     .iter()
     .chain(&flags)
@@ -493,7 +531,7 @@ fn build(
         // Each operand is read once from memory (tiles re-read it from cache), the output written once.
         bytes: (batch * m * k) as f64 * in_bytes
             + (if s.batched_b { batch } else { 1 } * n * lda) as f64 * in_bytes
-            + (batch * m * n) as f64 * out.elem_bytes() as f64
+            + (batch * m * ldo) as f64 * out.elem_bytes() as f64
             + opts
                 .bias
                 .map_or(0.0, |t| (n as u64 * t.elem_bytes()) as f64),

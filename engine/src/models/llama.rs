@@ -27,7 +27,7 @@ use crate::kernels::activation::swiglu;
 use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
 use crate::kernels::attention_row::{row_available, row_max_kv};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::{MatmulOptions, matmul};
+use crate::kernels::matmul::{MatmulOptions, glu_available, matmul};
 use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::norm::{add_rmsnorm, rmsnorm};
 use crate::kernels::qkv_rope::{QkvRope, QkvTargets, qkv_rope};
@@ -320,7 +320,9 @@ impl LlamaModel {
             }
             return Ok(d);
         }
-        if fuse.is_some() {
+        // The matrix-matrix path has one epilogue: SwiGLU (where `glu_matmul` allows it).
+        let glu_only = Fuse { glu: false, ..fuse };
+        if glu_only.is_some() {
             return Err(DriftError::Other(format!(
                 "a fused projection of {rows} rows over {} weight parts has no matrix-vector path",
                 w.parts.len()
@@ -329,6 +331,7 @@ impl LlamaModel {
         let opts = MatmulOptions {
             transpose_b: true,
             bias: b,
+            glu: fuse.glu,
             ..Default::default()
         };
         if let ([part], true) = (&w.parts[..], w.is_float())
@@ -476,8 +479,16 @@ impl LlamaModel {
                 eps,
                 RowVariant::Auto,
             )?);
-            d.extend(self.linear(gpu, &u.xn, &lw.gate_up, &a.gu)?);
-            d.push(swiglu(gpu, &a.gu, &u.act)?);
+            if glu_matmul(gpu, &u.xn, &lw.gate_up) {
+                let glu = Fuse {
+                    glu: true,
+                    ..Default::default()
+                };
+                d.extend(self.linear_fused(gpu, &u.xn, &lw.gate_up, &u.act, glu)?);
+            } else {
+                d.extend(self.linear(gpu, &u.xn, &lw.gate_up, &a.gu)?);
+                d.push(swiglu(gpu, &a.gu, &u.act)?);
+            }
             d.extend(self.linear(gpu, &u.act, &lw.down, &u.down)?);
             let next = self
                 .w
@@ -619,6 +630,14 @@ impl LlamaModel {
 fn glu_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
     let on = !matches!(std::env::var("DRIFT_GLU").as_deref(), Ok("0"));
     on && t == 1 && matches!(&w.parts[..], [part] if paired_epilogue_fits(gpu, part))
+}
+
+/// Whether the gate-up product of the matrix-matrix stage ends in the SwiGLU epilogue of the
+/// cooperative matmul (no bias, the weight or its dequantised copy in one binding; `DRIFT_MATMUL_GLU=0` keeps
+/// the separate SwiGLU dispatch, for A/B timing).
+fn glu_matmul(gpu: &Gpu, x: &Tensor, w: &Linear) -> bool {
+    let on = !matches!(std::env::var("DRIFT_MATMUL_GLU").as_deref(), Ok("0"));
+    on && w.bias.is_none() && glu_available(gpu, x.dtype, w.n, w.k)
 }
 
 /// Whether the QKV product of a `t`-row fused stage ends in the RoPE epilogue, storing q, k and v in

@@ -36,6 +36,8 @@ pub struct Case {
     pub coop: CoopTuning,
     /// K slices (`MatmulOptions::split_k`: 0 automatic).
     pub split_k: usize,
+    /// SwiGLU epilogue (`MatmulOptions::glu`): b's first n / 2 rows are gate, the rest up.
+    pub glu: bool,
 }
 
 impl Case {
@@ -57,6 +59,7 @@ impl Case {
             shard_bytes: None,
             coop: CoopTuning::default(),
             split_k: 0,
+            glu: false,
         }
     }
 }
@@ -221,9 +224,43 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 };
                 out.push(check(gpu, rng, &case)?);
             }
+            // SwiGLU epilogue: edge rows, one and three column blocks, f16 and f32 output, a view,
+            // and the four-subgroup build (16 x 64 staging per subgroup).
+            for (m, n, k, out_dtype, a_offset, coop) in [
+                (200, 256, 96, DType::F16, 0, base),
+                (77, 768, 320, DType::F32, 8, base),
+                (
+                    130,
+                    256,
+                    64,
+                    DType::F16,
+                    0,
+                    CoopTuning { sg8: false, ..base },
+                ),
+            ] {
+                let case = Case {
+                    variant: MatmulVariant::Coop,
+                    out_dtype,
+                    a_offset,
+                    coop,
+                    glu: true,
+                    ..Case::new(1, m, n, k, true, dtype)
+                };
+                out.push(check(gpu, rng, &case)?);
+            }
         }
     }
     Ok(out)
+}
+
+/// `silu(g) * u` (in f64) for rows of `n` values: gate in the first half, up in the second.
+fn swiglu_rows(full: &[f64], n: usize) -> Vec<f64> {
+    full.chunks(n)
+        .flat_map(|row| {
+            let (g, u) = row.split_at(n / 2);
+            g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        })
+        .collect()
 }
 
 fn tensor_at(
@@ -255,14 +292,15 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     };
     let b = gpu.tensor_from_f32("b", &b_shape, c.dtype, &bv, Category::Weights)?;
     let bias = gpu.tensor_from_f32("bias", &[n], c.out_dtype, &bias_v, Category::Weights)?;
+    let on = if c.glu { n / 2 } else { n };
     let o_full = gpu.tensor(
         "out",
-        &[c.out_offset + batch * m * n],
+        &[c.out_offset + batch * m * on],
         c.out_dtype,
         Category::Activations,
     )?;
     gpu.poison(&o_full)?;
-    let o = o_full.view(c.out_offset, &[batch, m, n])?;
+    let o = o_full.view(c.out_offset, &[batch, m, on])?;
 
     let opts = MatmulOptions {
         transpose_b: c.transpose_b,
@@ -271,6 +309,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         tile: c.tile,
         coop: c.coop,
         split_k: c.split_k,
+        glu: c.glu,
     };
     let mut prog = Program::new();
     match c.shard_bytes {
@@ -288,7 +327,20 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         transpose_b: c.transpose_b,
         batched_b: c.batched_b,
     };
-    let want = r::matmul(&av[c.a_offset..], &bv, c.bias.then_some(&bias_v[..]), shape);
+    let mut want = r::matmul(&av[c.a_offset..], &bv, c.bias.then_some(&bias_v[..]), shape);
+    // Tensor cores may add products in a different order and with truncation: allow 4x more.
+    let mut atol = dot_atol(k)
+        * if c.variant == MatmulVariant::Coop {
+            4.0
+        } else {
+            1.0
+        };
+    if c.glu {
+        // silu(gate) * up; an error e in either factor moves the product by at most e (|up| + 1.1).
+        let largest = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+        atol *= 2.0 * (largest + 1.1);
+        want = swiglu_rows(&want, n);
+    }
     let mut name = format!(
         "matmul {:?}/{:?} {batch}x{m}x{n}x{k}{}{}{} {:?}->{:?}",
         c.variant,
@@ -310,13 +362,9 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
     if c.coop != CoopTuning::default() {
         name += &format!(" {:?}", c.coop);
     }
-    // Tensor cores may add products in a different order and with truncation: allow 4x more.
-    let atol = dot_atol(k)
-        * if c.variant == MatmulVariant::Coop {
-            4.0
-        } else {
-            1.0
-        };
+    if c.glu {
+        name += " swiglu";
+    }
     let mut result = compare(name, &got, &want, atol, store_rtol(c.out_dtype));
     // Slices asked for must have been taken (two passes), or the check would pass on the plain path.
     if c.split_k > 1 && dispatches != 2 {

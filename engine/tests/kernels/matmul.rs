@@ -43,6 +43,31 @@ fn matmul_coop_compiles_to_spirv() {
         }
     }
     assert_eq!(n, 4 * (64 + 32 + 64));
+    // The SwiGLU epilogue (transposed weight, no bias, never DIRECT) with each subgroup layout.
+    for to in ["f32", "f16"] {
+        for d in combos(
+            &[("TO", to), ("TB", to)],
+            &["VA", "VB", "VO", "SG8", "BK64"],
+        ) {
+            let on = |f: &str| d.iter().any(|(k, v)| *k == f && v == "1");
+            if on("BK64") && !on("SG8") {
+                continue;
+            }
+            let mut d = d.clone();
+            d.extend(
+                [
+                    ("TRANS_B", "1"),
+                    ("GLU", "1"),
+                    ("BIAS", "0"),
+                    ("DIRECT", "0"),
+                    ("EPI4", if on("SG8") { "0" } else { "1" }),
+                    ("ST8", if !on("SG8") || on("BK64") { "1" } else { "0" }),
+                ]
+                .map(|(k, v)| (k, v.to_string())),
+            );
+            to_spirv("matmul_coop swiglu", source, &d);
+        }
+    }
     // The bench-only A/B switches, on one configuration each way.
     for (nopad, nopre) in [("1", "0"), ("0", "1"), ("1", "1")] {
         for (trans, sg8, bk64) in [
