@@ -9,6 +9,7 @@
 //
 // Specialisation:
 //   KIND_RMS, KIND_ADD, KIND_LN   which of the three
+//   SLICES   (KIND_ADD) res is the f32 partial sums of a split-K product, added in slice order
 //   VX, VR, VW_, VB, VS, VO  element types (f32|f16, vec4 with VEC4) of x, res, weight/gamma, beta,
 //            sum, out; F16 if any is f16; TW, TB: gamma and beta scalar types for GroupNorm
 //   GAMMA, BETA              layernorm's optional affine parameters are bound
@@ -44,6 +45,7 @@ fn hsum(v: V) -> f32 { return v; }
 struct Params {
     off_a: u32, off_b: u32, off_c: u32, off_d: u32, off_e: u32, o5: u32, o6: u32, o7: u32,
     rows: u32, n: u32, eps: f32,
+    slices: u32, sstride: u32, // SLICES: res holds `slices` partial sums, sstride (in V) apart
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -114,6 +116,22 @@ fn red_sum2(v: vec2<f32>) -> vec2<f32> {
 #endif
 fn red_sum(v: f32) -> f32 { return red_sum2(vec2<f32>(v, 0.0)).x; }
 
+#if KIND_ADD
+#if SLICES
+fn res_at(i: u32) -> V {
+    var s = V(res[i]);
+    for (var j = 1u; j < p.slices; j++) {
+        s += V(res[i + j * p.sstride]);
+    }
+    return s;
+}
+#else
+fn res_at(i: u32) -> V {
+    return V(res[i]);
+}
+#endif
+#endif
+
 // One row over `lanes` threads; `live` is false for the padding workgroups of a 2-D grid, which still
 // take part in the reductions' barriers. With CACHE the row is held in registers (PER vectors per
 // thread, loads issued up front) and read once; otherwise it is streamed again after each reduction.
@@ -167,7 +185,7 @@ fn norm_row(row: u32, lane: u32, lanes: u32, live: bool) {
         let v = lane + i * lanes;
         buf[i] = V(0.0);
         if v < nv {
-            let s = {{VS}}(V(x[xb + v]) + V(res[rsb + v]));
+            let s = {{VS}}(V(x[xb + v]) + res_at(rsb + v));
             sum[sb + v] = s;
             buf[i] = V(s);
         }
@@ -182,7 +200,7 @@ fn norm_row(row: u32, lane: u32, lanes: u32, live: bool) {
     }
 #else
     for (var v = lane; v < nv; v += lanes) {
-        let s = {{VS}}(V(x[xb + v]) + V(res[rsb + v]));
+        let s = {{VS}}(V(x[xb + v]) + res_at(rsb + v));
         sum[sb + v] = s;
         let a = V(s);
         ss += vdot(a, a);

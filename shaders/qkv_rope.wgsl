@@ -2,7 +2,8 @@
 // (ML Drift's "RoPE while splitting into the cache layout"): one read of qkv, q rotated into q_out,
 // k rotated and v copied into the KV cache rows of this step. Token t sits at position step[1] + t.
 // Specialisation: TQ (qkv element type), TO (q_out), TC (cache), F16, INTERLEAVED (pairs (2i, 2i+1) as
-// GGUF llama weights expect; else pairs (i, i + rot/2) as Hugging Face checkpoints expect).
+// GGUF llama weights expect; else pairs (i, i + rot/2) as Hugging Face checkpoints expect), SLICES
+// (qkv is `slices` f32 partial sums of a split-K product, `elems` apart, added in slice order).
 // Angles come from rope_angle.wgsl (appended): each pair's frequency in turns per position, (hi, lo).
 #if F16
 enable f16;
@@ -13,7 +14,7 @@ struct Params {
     tokens: u32, hq: u32, hkv: u32, d: u32,
     rot: u32,       // rotary dims (<= d, even); dims past it pass through
     max_ctx: u32,   // rows in the cache
-    p0: u32, p1: u32,
+    slices: u32, elems: u32, // SLICES
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,6 +24,18 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> v_cache: array<{{TC}}>;
 @group(0) @binding(5) var<storage, read> step: array<u32>;
 @group(0) @binding(6) var<storage, read> tab: array<vec2<f32>>; // [rot/2] turns, scaling folded in
+
+fn qv(i: u32) -> f32 {
+#if SLICES
+    var s = f32(qkv[i]);
+    for (var j = 1u; j < p.slices; j++) {
+        s += f32(qkv[i + j * p.elems]);
+    }
+    return s;
+#else
+    return f32(qkv[i]);
+#endif
+}
 
 // One invocation per (token, head, pair of dims).
 @compute @workgroup_size(64)
@@ -53,12 +66,12 @@ fn qkv_rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     if h >= p.hq + p.hkv {
         // v: plain copy into the cache.
         let dst = p.off_v + (pos * p.hkv + (h - p.hq - p.hkv)) * p.d;
-        v_cache[dst + e.x] = {{TC}}(qkv[src + e.x]);
-        v_cache[dst + e.y] = {{TC}}(qkv[src + e.y]);
+        v_cache[dst + e.x] = {{TC}}(qv(src + e.x));
+        v_cache[dst + e.y] = {{TC}}(qv(src + e.y));
         return;
     }
-    let x1 = f32(qkv[src + e.x]);
-    let x2 = f32(qkv[src + e.y]);
+    let x1 = qv(src + e.x);
+    let x2 = qv(src + e.y);
     let r1 = x1 * c - x2 * s;
     let r2 = x2 * c + x1 * s;
     if h < p.hq {

@@ -135,34 +135,94 @@ pub fn matmul(
             opts,
         );
     }
-    let split = if !too_big
-        && !opts.glu
-        && s.batch == 1
-        && !s.batched_b
-        && opts.transpose_b
-        && choose_variant(&gpu.caps, a.dtype, opts.variant)? == MatmulVariant::Coop
-        && vector_ready(gpu, a, out, s.n)?
-    {
-        matmul_splitk::slices(opts.split_k, s.m, s.n, s.k)
-    } else {
+    let split = if too_big || !vector_ready(gpu, a, out, s.n)? {
         1
+    } else {
+        split_of(gpu, a, &s, opts)?
     };
     if split > 1 {
-        // Sized for the largest split any product takes, so it is made once.
-        let len = split * s.m * s.n;
-        let part = gpu
-            .split_k_scratch(len.max(matmul_splitk::MAX_PARTIALS))?
-            .view(0, &[split, s.m, s.n])?;
-        let no_bias = MatmulOptions {
-            bias: None,
-            ..*opts
-        };
+        let (d, part) = split_partials(gpu, a, b, opts, &s, split)?;
         return Ok(vec![
-            build(gpu, a, b, &part, &no_bias, &s, 0, s.n, split)?,
+            d,
             matmul_splitk::sum_slices(gpu, &part, out, opts.bias, split)?,
         ]);
     }
     Ok(vec![build(gpu, a, b, out, opts, &s, 0, s.n, 1)?])
+}
+
+/// The split-K half of [`matmul`] for a consumer that sums the slices itself: where `matmul` would
+/// split this product (no bias, `a` and N vector-aligned), the dispatch writing the f32 partials and
+/// the partials `[slices, M, N]` (a view of the device's shared scratch, valid until the next split
+/// product); `None` where it would not.
+pub fn matmul_partials(
+    gpu: &Gpu,
+    a: &Tensor,
+    b: &Tensor,
+    opts: &MatmulOptions,
+) -> Result<Option<(Dispatch, Tensor)>> {
+    let n = if opts.transpose_b {
+        b.dim(-2)
+    } else {
+        b.dim(-1)
+    };
+    let mut shape = a.shape.clone();
+    *shape.last_mut().unwrap_or(&mut 0) = n;
+    // Shape checks against a stand-in output (the partials take its place).
+    let out = Tensor {
+        shape,
+        dtype: DType::F32,
+        ..a.clone()
+    };
+    let s = check(a, b, &out, opts)?;
+    if opts.bias.is_some()
+        || b.binding(gpu.caps.max_storage_binding).is_err()
+        || !n.is_multiple_of(4)
+        || !a
+            .binding(gpu.caps.max_storage_binding)?
+            .base_elems
+            .is_multiple_of(4)
+    {
+        return Ok(None);
+    }
+    match split_of(gpu, a, &s, opts)? {
+        1 => Ok(None),
+        split => split_partials(gpu, a, b, opts, &s, split).map(Some),
+    }
+}
+
+/// Slices of K [`matmul`] cuts this product into (1: none): batch 1, one shared transposed weight,
+/// the cooperative variant, no epilogue but the bias.
+fn split_of(gpu: &Gpu, a: &Tensor, s: &Shape, opts: &MatmulOptions) -> Result<usize> {
+    if opts.glu
+        || s.batch != 1
+        || s.batched_b
+        || !opts.transpose_b
+        || choose_variant(&gpu.caps, a.dtype, opts.variant)? != MatmulVariant::Coop
+    {
+        return Ok(1);
+    }
+    Ok(matmul_splitk::slices(opts.split_k, s.m, s.n, s.k))
+}
+
+/// The partial products of a `split`-way split (into the shared scratch, sized once for the largest
+/// split any product takes).
+fn split_partials(
+    gpu: &Gpu,
+    a: &Tensor,
+    b: &Tensor,
+    opts: &MatmulOptions,
+    s: &Shape,
+    split: usize,
+) -> Result<(Dispatch, Tensor)> {
+    let len = split * s.m * s.n;
+    let part = gpu
+        .split_k_scratch(len.max(matmul_splitk::MAX_PARTIALS))?
+        .view(0, &[split, s.m, s.n])?;
+    let no_bias = MatmulOptions {
+        bias: None,
+        ..*opts
+    };
+    Ok((build(gpu, a, b, &part, &no_bias, s, 0, s.n, split)?, part))
 }
 
 /// Whether `a` and `out` (N columns) allow the split-K passes' vector access: N and both base offsets

@@ -99,7 +99,7 @@ pub fn rmsnorm(
     let numel = (rows * n) as f64;
     gpu.dispatch(
         &kernel,
-        &[rows as u32, n as u32, eps.to_bits()],
+        &[rows as u32, n as u32, eps.to_bits(), 1, 0],
         &[x, weight, out],
         plan.workgroups,
         Cost {
@@ -124,11 +124,74 @@ pub fn add_rmsnorm(
     eps: f32,
     variant: RowVariant,
 ) -> Result<Dispatch> {
-    let (rows, n) = rows_of("add_rmsnorm", x, &[residual, sum_out, norm_out])?;
-    if partial_overlap(residual, sum_out) || partial_overlap(residual, norm_out) {
+    add_rmsnorm_slices(gpu, x, residual, 1, weight, sum_out, norm_out, eps, variant)
+}
+
+/// [`add_rmsnorm`] with the residual given as the f32 partial sums `[slices, ..x's shape]` of a split-K
+/// product (`kernels::matmul::matmul_partials`), added in slice order: the split's summing pass
+/// folded into this one. `sum_out` may be `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rmsnorm_partials(
+    gpu: &Gpu,
+    x: &Tensor,
+    partials: &Tensor,
+    weight: &Tensor,
+    sum_out: &Tensor,
+    norm_out: &Tensor,
+    eps: f32,
+    variant: RowVariant,
+) -> Result<Dispatch> {
+    let slices = partials.dim(0);
+    if partials.rank() != x.rank() + 1
+        || partials.shape[1..] != x.shape[..]
+        || partials.dtype != DType::F32
+        || slices == 0
+    {
         return Err(shape_err!(
-            "add_rmsnorm: an output partly overlaps the residual"
+            "add_rmsnorm: partials {:?} {:?} are not f32 slices of {:?}",
+            partials.shape,
+            partials.dtype,
+            x.shape
         ));
+    }
+    add_rmsnorm_slices(
+        gpu, x, partials, slices, weight, sum_out, norm_out, eps, variant,
+    )
+}
+
+/// Whether `a` and `b` share any byte of one buffer.
+fn overlaps(a: &Tensor, b: &Tensor) -> bool {
+    std::sync::Arc::ptr_eq(&a.storage.buffer, &b.storage.buffer)
+        && a.storage.offset < b.storage.offset + b.storage.len
+        && b.storage.offset < a.storage.offset + a.storage.len
+}
+
+/// `residual` holds `slices` residuals of x's shape back to back (the first is checked as x's
+/// companion; the binding covers them all).
+#[allow(clippy::too_many_arguments)]
+fn add_rmsnorm_slices(
+    gpu: &Gpu,
+    x: &Tensor,
+    residual: &Tensor,
+    slices: usize,
+    weight: &Tensor,
+    sum_out: &Tensor,
+    norm_out: &Tensor,
+    eps: f32,
+    variant: RowVariant,
+) -> Result<Dispatch> {
+    let first = if slices > 1 {
+        residual.view(0, &x.shape)?
+    } else {
+        residual.clone()
+    };
+    let (rows, n) = rows_of("add_rmsnorm", x, &[&first, sum_out, norm_out])?;
+    for out in [sum_out, norm_out] {
+        if partial_overlap(residual, out) || slices > 1 && overlaps(residual, out) {
+            return Err(shape_err!(
+                "add_rmsnorm: an output partly overlaps the residual"
+            ));
+        }
     }
     if std::sync::Arc::ptr_eq(&sum_out.storage.buffer, &norm_out.storage.buffer)
         && sum_out.storage.offset == norm_out.storage.offset
@@ -140,28 +203,40 @@ pub fn add_rmsnorm(
     check_weight("add_rmsnorm weight", weight, n)?;
     let vec4 = vec4_ok(gpu, n, &[x, residual, weight, sum_out, norm_out])?;
     let plan = plan_rows(gpu, variant, rows, n / if vec4 { 4 } else { 1 })?;
-    let spec = row_spec(
-        "add_rmsnorm",
-        &plan,
-        vec4,
-        &[x, residual, weight, sum_out, norm_out],
-    )
-    .define("KIND_ADD", 1)
-    .define("VX", vt(x.dtype, vec4))
-    .define("VR", vt(residual.dtype, vec4))
-    .define("VW_", vt(weight.dtype, vec4))
-    .define("VS", vt(sum_out.dtype, vec4))
-    .define("VO", vt(norm_out.dtype, vec4));
+    let kind = if slices > 1 {
+        "add_rmsnorm_parts"
+    } else {
+        "add_rmsnorm"
+    };
+    let spec = row_spec(kind, &plan, vec4, &[x, residual, weight, sum_out, norm_out])
+        .define("KIND_ADD", 1)
+        .define("SLICES", u8::from(slices > 1))
+        .define("VX", vt(x.dtype, vec4))
+        .define("VR", vt(residual.dtype, vec4))
+        .define("VW_", vt(weight.dtype, vec4))
+        .define("VS", vt(sum_out.dtype, vec4))
+        .define("VO", vt(norm_out.dtype, vec4));
     let kernel = gpu.kernel(&spec)?;
     let numel = (rows * n) as f64;
-    let eb = x.elem_bytes() + residual.elem_bytes() + sum_out.elem_bytes() + norm_out.elem_bytes();
+    let eb = x.elem_bytes()
+        + slices as u64 * residual.elem_bytes()
+        + sum_out.elem_bytes()
+        + norm_out.elem_bytes();
+    // The slice stride in the kernel's element units (vec4 or scalar).
+    let stride = rows * n / if vec4 { 4 } else { 1 };
     gpu.dispatch(
         &kernel,
-        &[rows as u32, n as u32, eps.to_bits()],
+        &[
+            rows as u32,
+            n as u32,
+            eps.to_bits(),
+            slices as u32,
+            stride as u32,
+        ],
         &[x, residual, weight, sum_out, norm_out],
         plan.workgroups,
         Cost {
-            flops: numel * 5.0,
+            flops: numel * (4.0 + slices as f64),
             bytes: numel * eb as f64 + (n as u64 * weight.elem_bytes()) as f64,
         },
     )
@@ -215,7 +290,7 @@ pub fn layernorm(
     let wbytes: u64 = tensors[2..].iter().map(|t| n as u64 * t.elem_bytes()).sum();
     gpu.dispatch(
         &kernel,
-        &[rows as u32, n as u32, eps.to_bits()],
+        &[rows as u32, n as u32, eps.to_bits(), 1, 0],
         &tensors,
         plan.workgroups,
         Cost {

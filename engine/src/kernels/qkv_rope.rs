@@ -109,15 +109,27 @@ impl QkvTargets<'_> {
 }
 
 pub struct QkvRope<'a> {
-    /// `[T, (hq + 2 hkv) * d]`
+    /// `[T, (hq + 2 hkv) * d]`, or with `slices` > 1 the f32 partial sums `[slices, T, (hq + 2 hkv) * d]`
+    /// of a split-K product (`kernels::matmul::matmul_partials`), added here in slice order
     pub qkv: &'a Tensor,
+    /// Partial sums in `qkv` (1: a plain projection).
+    pub slices: usize,
     /// `[T, hq, d]`
     pub q_out: &'a Tensor,
     pub to: QkvTargets<'a>,
 }
 
 pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
-    let QkvShape { t, d, rot, max_ctx } = a.to.check("qkv_rope", a.qkv.numel(), a.q_out)?;
+    let slices = a.slices.max(1);
+    if slices > 1 && (a.qkv.dtype != DType::F32 || a.qkv.dim(0) != slices) {
+        return Err(shape_err!(
+            "qkv_rope: {slices} partial sums must be f32 [{slices}, ..], got {:?} {:?}",
+            a.qkv.shape,
+            a.qkv.dtype
+        ));
+    }
+    let elems = a.qkv.numel() / slices;
+    let QkvShape { t, d, rot, max_ctx } = a.to.check("qkv_rope", elems, a.q_out)?;
     let QkvTargets {
         k_cache,
         v_cache,
@@ -131,10 +143,15 @@ pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
         .iter()
         .any(|x| x.dtype == DType::F16);
     let spec = KernelSpec::new(
-        format!("qkv_rope_{}", k_cache.dtype.wgsl()),
+        format!(
+            "qkv_rope_{}{}",
+            k_cache.dtype.wgsl(),
+            if slices > 1 { "_parts" } else { "" }
+        ),
         QKV_ROPE_SRC,
         "qkv_rope",
     )
+    .define("SLICES", u8::from(slices > 1))
     .define("TQ", a.qkv.dtype.wgsl())
     .define("TO", a.q_out.dtype.wgsl())
     .define("TC", k_cache.dtype.wgsl())
@@ -154,6 +171,8 @@ pub fn qkv_rope(gpu: &Gpu, a: &QkvRope) -> Result<Dispatch> {
             d as u32,
             rot as u32,
             max_ctx as u32,
+            slices as u32,
+            elems as u32,
         ],
         &[a.qkv, a.q_out, k_cache, v_cache, step, turns],
         grid(threads.div_ceil(64), gpu.caps.max_workgroups_per_dimension),

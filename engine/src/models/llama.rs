@@ -27,9 +27,9 @@ use crate::kernels::activation::swiglu;
 use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
 use crate::kernels::attention_row::{row_available, row_max_kv};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::{MatmulOptions, glu_available, matmul};
+use crate::kernels::matmul::{MatmulOptions, glu_available, matmul, matmul_partials};
 use crate::kernels::matvec::MatvecOptions;
-use crate::kernels::norm::{add_rmsnorm, rmsnorm};
+use crate::kernels::norm::{add_rmsnorm, add_rmsnorm_partials, rmsnorm};
 use crate::kernels::qkv_rope::{QkvRope, QkvTargets, qkv_rope};
 use crate::kernels::quant::{dequantize, matvec_quant, paired_epilogue_fits};
 use crate::kernels::sample::argmax;
@@ -334,27 +334,37 @@ impl LlamaModel {
             glu: fuse.glu,
             ..Default::default()
         };
+        let mut d = Vec::new();
+        let weight = self.matmul_weight(gpu, x, w, &mut d)?;
+        d.extend(matmul(gpu, x, &weight, out, &opts)?);
+        Ok(d)
+    }
+
+    /// The float weight `[n, k]` that a matrix-matrix product of `w` multiplies by: its one part when
+    /// that is float of x's dtype, else a dequantised copy (its dispatches pushed onto `d`).
+    fn matmul_weight(
+        &self,
+        gpu: &Gpu,
+        x: &Tensor,
+        w: &Linear,
+        d: &mut Vec<Dispatch>,
+    ) -> Result<Tensor> {
         if let ([part], true) = (&w.parts[..], w.is_float())
             && part.dtype == x.dtype
         {
-            return matmul(gpu, x, part, out, &opts);
+            return Ok(part.clone());
         }
         // The shared scratch fits every layer weight; a bigger one (a quantised LM head when every
         // position's logits are wanted) gets its own, kept alive by the dispatches that bind it.
-        let own;
         let scratch = match &self.scratch {
-            Some(s) if s.numel() >= w.n * w.k => s,
-            _ => {
-                own = gpu.tensor(
-                    "dequant scratch (large)",
-                    &[w.n * w.k],
-                    self.w.dtype,
-                    Category::Activations,
-                )?;
-                &own
-            }
+            Some(s) if s.numel() >= w.n * w.k => s.clone(),
+            _ => gpu.tensor(
+                "dequant scratch (large)",
+                &[w.n * w.k],
+                self.w.dtype,
+                Category::Activations,
+            )?,
         };
-        let mut d = Vec::new();
         let mut off = 0;
         for part in &w.parts {
             let n = part.shape[0];
@@ -369,8 +379,40 @@ impl LlamaModel {
             }
             off += n;
         }
-        d.extend(matmul(gpu, x, &scratch.view(0, &[w.n, w.k])?, out, &opts)?);
-        Ok(d)
+        scratch.view(0, &[w.n, w.k])
+    }
+
+    /// `x @ w^T` for a consumer that can add split-K partial sums itself: where the matmul splits K
+    /// (`matmul_partials`; no bias), the dispatches and the f32 partials `[slices, rows, n]`; else
+    /// the plain product into `out` and `None`. `DRIFT_SPLITK_FOLD=0` keeps the summing pass, for
+    /// A/B timing.
+    fn linear_or_partials(
+        &self,
+        gpu: &Gpu,
+        x: &Tensor,
+        w: &Linear,
+        out: &Tensor,
+    ) -> Result<(Vec<Dispatch>, Option<Tensor>)> {
+        let fold = !matches!(std::env::var("DRIFT_SPLITK_FOLD").as_deref(), Ok("0"));
+        if !fold || w.bias.is_some() || matvec_rows(w, x.dim(0)) {
+            return Ok((self.linear(gpu, x, w, out)?, None));
+        }
+        let opts = MatmulOptions {
+            transpose_b: true,
+            ..Default::default()
+        };
+        let mut d = Vec::new();
+        let weight = self.matmul_weight(gpu, x, w, &mut d)?;
+        match matmul_partials(gpu, x, &weight, &opts)? {
+            Some((p, part)) => {
+                d.push(p);
+                Ok((d, Some(part)))
+            }
+            None => {
+                d.extend(matmul(gpu, x, &weight, out, &opts)?);
+                Ok((d, None))
+            }
+        }
     }
 
     /// The layer stack for `t` rows whose token ids start at `ids` element `first_id`: ends with the
@@ -405,8 +447,14 @@ impl LlamaModel {
             };
             // q, k and v straight from the QKV product into the attention layouts, or through qkv.
             let epilogue = a.unfused.is_none() && rope_epilogue(gpu, &lw.qkv, t);
+            // The QKV product's split-K partial sums, where qkv_rope adds them itself.
+            let mut qkv_parts = None;
             match &a.unfused {
-                Some(u) => d.extend(self.linear(gpu, &u.xn, &lw.qkv, &a.qkv)?),
+                Some(u) => {
+                    let (ds, parts) = self.linear_or_partials(gpu, &u.xn, &lw.qkv, &a.qkv)?;
+                    d.extend(ds);
+                    qkv_parts = parts;
+                }
                 None if epilogue => {
                     let rope = Fuse {
                         rope: Some(self.qkv_targets(l)),
@@ -420,7 +468,8 @@ impl LlamaModel {
                 d.push(qkv_rope(
                     gpu,
                     &QkvRope {
-                        qkv: &a.qkv,
+                        qkv: qkv_parts.as_ref().unwrap_or(&a.qkv),
+                        slices: qkv_parts.as_ref().map_or(1, |p| p.dim(0)),
                         q_out: &a.q,
                         to: self.qkv_targets(l),
                     },
@@ -468,16 +517,15 @@ impl LlamaModel {
                 d.extend(self.linear_fused(gpu, &a.gu, &lw.down, &a.x, swiglu)?);
                 continue;
             };
-            d.extend(self.linear(gpu, &attn2, &lw.wo, &u.o)?);
-            d.push(add_rmsnorm(
+            let (ds, o_parts) = self.linear_or_partials(gpu, &attn2, &lw.wo, &u.o)?;
+            d.extend(ds);
+            d.push(add_residual_norm(
                 gpu,
                 &a.x,
-                &u.o,
+                (&u.o, o_parts.as_ref()),
                 &lw.ffn_norm,
-                &a.x,
                 &u.xn,
                 eps,
-                RowVariant::Auto,
             )?);
             if glu_matmul(gpu, &u.xn, &lw.gate_up) {
                 let glu = Fuse {
@@ -489,21 +537,20 @@ impl LlamaModel {
                 d.extend(self.linear(gpu, &u.xn, &lw.gate_up, &a.gu)?);
                 d.push(swiglu(gpu, &a.gu, &u.act)?);
             }
-            d.extend(self.linear(gpu, &u.act, &lw.down, &u.down)?);
+            let (ds, down_parts) = self.linear_or_partials(gpu, &u.act, &lw.down, &u.down)?;
+            d.extend(ds);
             let next = self
                 .w
                 .layers
                 .get(l + 1)
                 .map_or(&self.w.norm, |n| &n.attn_norm);
-            d.push(add_rmsnorm(
+            d.push(add_residual_norm(
                 gpu,
                 &a.x,
-                &u.down,
+                (&u.down, down_parts.as_ref()),
                 next,
-                &a.x,
                 &u.xn,
                 eps,
-                RowVariant::Auto,
             )?);
         }
         Ok(d)
@@ -630,6 +677,24 @@ impl LlamaModel {
 fn glu_epilogue(gpu: &Gpu, w: &Linear, t: usize) -> bool {
     let on = !matches!(std::env::var("DRIFT_GLU").as_deref(), Ok("0"));
     on && t == 1 && matches!(&w.parts[..], [part] if paired_epilogue_fits(gpu, part))
+}
+
+/// `x += residual; xn = rmsnorm(x) * weight`, the residual given as a product's output or, where the
+/// product was split along K, as its partial sums (`(out, Some(partials))`).
+fn add_residual_norm(
+    gpu: &Gpu,
+    x: &Tensor,
+    residual: (&Tensor, Option<&Tensor>),
+    weight: &Tensor,
+    xn: &Tensor,
+    eps: f32,
+) -> Result<Dispatch> {
+    match residual {
+        (_, Some(parts)) => {
+            add_rmsnorm_partials(gpu, x, parts, weight, x, xn, eps, RowVariant::Auto)
+        }
+        (out, None) => add_rmsnorm(gpu, x, out, weight, x, xn, eps, RowVariant::Auto),
+    }
 }
 
 /// Whether the gate-up product of the matrix-matrix stage ends in the SwiGLU epilogue of the

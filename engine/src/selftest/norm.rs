@@ -5,7 +5,9 @@ use super::{Check, Rng, compare, float_dtypes, random, round_to, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
-use crate::kernels::norm::{GroupNormOptions, add_rmsnorm, groupnorm, layernorm, rmsnorm};
+use crate::kernels::norm::{
+    GroupNormOptions, add_rmsnorm, add_rmsnorm_partials, groupnorm, layernorm, rmsnorm,
+};
 use crate::kernels::softmax::RowVariant;
 use crate::reference::norm as r;
 use crate::tensor::{DType, Tensor};
@@ -87,6 +89,20 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     variant,
                     x_off,
                     inplace,
+                    1,
+                )?);
+            }
+            // The residual as the f32 partial sums of a split-K product (the prefill's O and down).
+            for (shape, slices, inplace) in [(vec![5, 64], 4, true), (vec![3, 1000], 2, false)] {
+                out.extend(check_add(
+                    gpu,
+                    rng,
+                    &shape,
+                    [dtype, DType::F32, DType::F32, dtype, dtype],
+                    variant,
+                    0,
+                    inplace,
+                    slices,
                 )?);
             }
             for (i, &n) in [3, 64, 257, 1000].iter().enumerate() {
@@ -177,6 +193,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         RowVariant::Auto,
         0,
         false,
+        1,
     )?);
     let affine = (true, true);
     let shape = [2, 65600];
@@ -203,6 +220,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             RowVariant::Auto,
             0,
             false,
+            1,
         )?);
         out.push(check_rms(
             gpu,
@@ -373,7 +391,8 @@ fn check_rms(
     )
 }
 
-/// `dts`: x, residual, weight, sum, out. With `inplace` the sum is written over x.
+/// `dts`: x, residual, weight, sum, out. With `inplace` the sum is written over x. With `slices` > 1
+/// the residual is that many f32 partial sums (`add_rmsnorm_partials`).
 #[allow(clippy::too_many_arguments)]
 fn check_add(
     gpu: &Gpu,
@@ -383,15 +402,21 @@ fn check_add(
     variant: RowVariant,
     x_off: usize,
     inplace: bool,
+    slices: usize,
 ) -> Result<Vec<Check>> {
     let [tx, tr, tw, ts, to] = dts;
     let n = *shape.last().unwrap_or(&1);
     let numel: usize = shape.iter().product();
     let xv = random(rng, numel, -2.0, 2.0, tx);
-    let rv = random(rng, numel, -2.0, 2.0, tr);
+    let rv = random(rng, slices * numel, -2.0, 2.0, tr);
     let wv = random(rng, n, -2.0, 2.0, tw);
     let (x, _) = tensor_at(gpu, "x", shape, tx, &xv, x_off)?;
-    let (res, _) = tensor_at(gpu, "res", shape, tr, &rv, 0)?;
+    let res_shape: Vec<usize> = if slices > 1 {
+        [&[slices], shape].concat()
+    } else {
+        shape.to_vec()
+    };
+    let (res, _) = tensor_at(gpu, "res", &res_shape, tr, &rv, 0)?;
     let (w, _) = tensor_at(gpu, "w", &[n], tw, &wv, 0)?;
     let (s, sb) = if inplace {
         if ts != tx {
@@ -405,25 +430,44 @@ fn check_add(
         (s, Some((b, 5)))
     };
     let (o, ob) = output_at(gpu, "norm", shape, to, 3)?;
-    let d = add_rmsnorm(gpu, &x, &res, &w, &s, &o, EPS, variant)?;
+    let d = if slices > 1 {
+        add_rmsnorm_partials(gpu, &x, &res, &w, &s, &o, EPS, variant)?
+    } else {
+        add_rmsnorm(gpu, &x, &res, &w, &s, &o, EPS, variant)?
+    };
     let name = format!(
-        "{} {shape:?} x@{x_off}{}",
+        "{} {shape:?} x@{x_off}{}{}",
         d.name,
-        if inplace { " sum in place" } else { "" }
+        if inplace { " sum in place" } else { "" },
+        if slices > 1 {
+            format!(" residual in {slices} slices")
+        } else {
+            String::new()
+        }
     );
     let mut prog = Program::new();
     prog.push(d);
     prog.run(gpu)?;
-    // The sum is rounded to f32 by the GPU's add, then to the sum's dtype.
-    let sum: Vec<f32> = xv
-        .iter()
-        .zip(&rv)
-        .map(|(&a, &b)| round_to(a + b, ts))
+    // The sum is rounded to f32 by the GPU's add, then to the sum's dtype. Partial sums are added in
+    // f64 here; the kernel's f32 additions of them (|terms| <= 2) err by up to `slices` roundings of
+    // values up to 2 (slices + 1), allowed for in the tolerances.
+    let sum: Vec<f32> = (0..numel)
+        .map(|i| {
+            let r: f64 = (0..slices).map(|j| rv[j * numel + i] as f64).sum();
+            round_to((xv[i] as f64 + r) as f32, ts)
+        })
         .collect();
     let want_sum: Vec<f64> = sum.iter().map(|&v| v as f64).collect();
     let want = r::rmsnorm(&sum, &wv, n, EPS as f64);
+    let sum_err = if slices > 1 {
+        slices as f64 * 2.0 * (slices + 1) as f64 * f32::EPSILON as f64
+    } else {
+        0.0
+    };
     let (satol, srtol) = tol(ts);
     let (atol, rtol) = tol(to);
+    // The norm scales the sum by at most max|w| / rms: about 2 / 1 for these values.
+    let (satol, atol) = (satol + sum_err, atol + 4.0 * sum_err);
     Ok(vec![
         finish(
             gpu,

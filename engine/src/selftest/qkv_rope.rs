@@ -275,8 +275,14 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         ..base
     };
     let mut out = Vec::new();
-    for (s, tokens) in [(base, 3), (far, 1), (across, 4)] {
-        out.push(check_split(gpu, rng, &s, tokens)?);
+    for (s, tokens, slices) in [
+        (base, 3, 1),
+        (far, 1, 1),
+        (across, 4, 1),
+        (base, 3, 4),
+        (across, 2, 2),
+    ] {
+        out.push(check_split(gpu, rng, &s, tokens, slices)?);
     }
     // The decode QKV product: RMSNorm prologue, f16 weights where the device has them; K of no vector
     // width (scalar loads) without a prologue; x and q in one buffer (f32 q).
@@ -354,16 +360,17 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// The split kernel over `tokens` tokens of random f32 projections.
-fn check_split(gpu: &Gpu, rng: &mut Rng, s: &Split, tokens: usize) -> Result<Check> {
-    let proj = random(rng, tokens * s.rows(), -2.0, 2.0, DType::F32);
-    let qkv = gpu.tensor_from_f32(
-        "qkv",
-        &[tokens, s.rows()],
-        DType::F32,
-        &proj,
-        Category::Activations,
-    )?;
+/// The split kernel over `tokens` tokens of random f32 projections, given as `slices` partial sums
+/// (a split-K product's) when more than 1.
+fn check_split(gpu: &Gpu, rng: &mut Rng, s: &Split, tokens: usize, slices: usize) -> Result<Check> {
+    let n = tokens * s.rows();
+    let proj = random(rng, slices * n, -2.0, 2.0, DType::F32);
+    let shape = if slices > 1 {
+        vec![slices, tokens, s.rows()]
+    } else {
+        vec![tokens, s.rows()]
+    };
+    let qkv = gpu.tensor_from_f32("qkv", &shape, DType::F32, &proj, Category::Activations)?;
     let q = gpu.tensor("q", &[tokens, s.hq, s.d], s.io, Category::Activations)?;
     gpu.poison(&q)?;
     let tg = Targets::new(gpu, rng, s, tokens)?;
@@ -371,16 +378,22 @@ fn check_split(gpu: &Gpu, rng: &mut Rng, s: &Split, tokens: usize) -> Result<Che
         gpu,
         &QkvRope {
             qkv: &qkv,
+            slices,
             q_out: &q,
             to: tg.qkv_targets(s),
         },
     )?;
-    let name = format!("{} {} x{tokens}", d.name, s.label());
+    let name = format!("{} {} x{tokens} in {slices} slices", d.name, s.label());
     let mut prog = Program::new();
     prog.push(d);
     prog.run(gpu)?;
-    let want: Vec<f64> = proj.iter().map(|&v| v as f64).collect();
-    let atol = ANGLE_ERR * largest_pair(&want) + 1e-7;
+    // The slices summed in f64; the kernel's f32 sum of `slices` terms errs by at most
+    // (slices - 1) f32 roundings of the running sum (|sum| <= 2 slices), allowed for below.
+    let want: Vec<f64> = (0..n)
+        .map(|i| (0..slices).map(|j| proj[j * n + i] as f64).sum())
+        .collect();
+    let sum_err = (slices - 1) as f64 * 2.0 * slices as f64 * f32::EPSILON as f64;
+    let atol = ANGLE_ERR * largest_pair(&want) + 1e-7 + sum_err;
     tg.compare(gpu, name, s, &q, &want, atol)
 }
 

@@ -43,6 +43,8 @@ pub struct LlmBenchArgs {
 #[derive(Serialize)]
 pub struct LlmBench {
     pub shape: String,
+    /// The first greedy tokens of the reported run: equal across builds that compute the same logits.
+    pub first_tokens: Vec<u32>,
     pub quant: String,
     pub device: String,
     pub weight_bytes: u64,
@@ -233,6 +235,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let copy_gbps = copy_bytes / time_sequence(gpu, &[cd], 10)? / 1e3;
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
     Ok(LlmBench {
+        first_tokens: g.tokens.iter().take(12).copied().collect(),
         shape,
         quant: if a.model.is_some() {
             "file".into()

@@ -81,6 +81,10 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
                 "  decode runs (tok/s, median reported): {}",
                 runs.join(", ")
             );
+            println!(
+                "  first generated tokens (greedy; equal across builds computing the same logits): {:?}",
+                r.first_tokens
+            );
             let l = &r.decode_loop_us_per_token;
             println!(
                 "  generation loop per token: {:.0} us waiting for encoders, {:.0} us submitting, {:.0} us waiting for the GPU",
