@@ -17,7 +17,8 @@
 // With one activation row and a prologue, matvec_fuse.wgsl's STAGE has the workgroup apply the prologue
 // once into workgroup memory (stage_x) before the rows read it.
 //
-// Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), RPW, WF16 (f16 weight),
+// Specialisation: TX (x scalar), TO (output scalar), F16, NB, WG (workgroup size), RPW, TEAMED with TEAMS
+// (subgroups per row, see the entry point), WF16 (f16 weight),
 // VEC (K and the w / x offsets allow the vector loads; XV4 is set with it), SG, PF (with SG, VEC and
 // STAGE: each subgroup's first row's first loads issued before the staging), and matvec_fuse.wgsl's
 // BIAS, NORM, SWIGLU, RES (with their types and bindings), the paired-row epilogues (PAIRS with GLU or
@@ -60,6 +61,10 @@ const RPW = {{RPW}}u;
 #ifnot SG
 const TS = 32u; // team size of the workgroup-memory variant
 var<workgroup> red: array<Red, NB * WG>;
+#endif
+#if TEAMED
+const TEAMS = {{TEAMS}}u;
+var<workgroup> team_red: array<f32, WG / 32u>; // one sum per subgroup (subgroups of 32 only)
 #endif
 
 // Per-lane partial sums of the current row, one vec4 per activation row b (fields a0..a7, b < NB).
@@ -308,6 +313,28 @@ fn matvec(
     stage_x(lid);
 #endif
 #endif
+#if TEAMED
+    // TEAMS subgroups per row (plain products of one activation row): subgroup j of a team takes the
+    // j-th of every TEAMS runs of 32 chunks, so more warps keep weight loads in flight; the teams'
+    // sums meet in workgroup memory. Rows are subgroup-uniform, the barrier workgroup-uniform.
+    let rr = sg / TEAMS;
+    let row = first + rr;
+    if row < p.rows {
+        partial(row, (sg % TEAMS) * sgs + lane, sgs * TEAMS);
+    }
+    let team_sum = subgroupAdd(hsum(acc.a0));
+    if lane == 0u {
+        team_red[sg] = team_sum;
+    }
+    workgroupBarrier();
+    if sg % TEAMS == 0u && lane == 0u && row < p.rows {
+        var t = team_red[sg];
+        for (var j = 1u; j < TEAMS; j++) {
+            t += team_red[sg + j];
+        }
+        write_out(row, 0u, t);
+    }
+#else
 #if SG
     // Whole subgroups take whole rows, so every subgroup op below runs in subgroup-uniform flow.
     for (var rr = sg; rr < RPW; rr += nsg) {
@@ -416,6 +443,7 @@ fn matvec(
         }
 #endif
     }
+#endif
 #endif
 #if PAIRS
     pair_finish(first, lid);

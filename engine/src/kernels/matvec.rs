@@ -86,6 +86,9 @@ pub struct MatvecOptions<'a> {
     /// Staged subgroup kernels: issue each subgroup's first weight loads before staging the input.
     /// `None`: `DRIFT_MATVEC_PREFETCH=1` (off by default).
     pub prefetch: Option<bool>,
+    /// Subgroups per row (1, 2 or 4) of plain products of one activation row on subgroups of 32.
+    /// `None`: `DRIFT_MATVEC_TEAMS` (default 4).
+    pub teams: Option<usize>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,
@@ -210,8 +213,27 @@ pub fn matvec_shards(
                 ));
             }
         };
-        // Under 8 rows the workgroup shrinks to one subgroup per row.
-        let wg = if sg && rpw < ROWS_PER_WORKGROUP {
+        // Several subgroups per row: plain products (no prologue, no paired rows) of one
+        // activation row with vector loads, on subgroups of exactly 32.
+        let teams = opts
+            .teams
+            .filter(|t| [1, 2, 4].contains(t))
+            .unwrap_or_else(teams_per_row);
+        let teamed = teams > 1
+            && sg
+            && vec
+            && batch == 1
+            && !pairs
+            && opts.norm.is_none()
+            && !opts.swiglu
+            && stage.vec4s == 0
+            && caps.subgroup_min_size == 32
+            && caps.subgroup_max_size == 32
+            && (rpw * teams * 32) as u32 <= caps.max_invocations_per_workgroup.min(512);
+        // Under 8 rows the workgroup shrinks to one subgroup per row (or per team member).
+        let wg = if teamed {
+            (rpw * teams * 32) as u32
+        } else if sg && rpw < ROWS_PER_WORKGROUP {
             (rpw as u32 * caps.subgroup_max_size).max(32)
         } else {
             wg
@@ -244,7 +266,17 @@ pub fn matvec_shards(
                 ..spec
             }
         }
-        .define("RPW", rpw);
+        .define("RPW", rpw)
+        .define("TEAMED", u8::from(teamed))
+        .define("TEAMS", teams);
+        let spec = if teamed {
+            KernelSpec {
+                name: format!("{}_t{teams}", spec.name),
+                ..spec
+            }
+        } else {
+            spec
+        };
         let kernel = gpu.kernel(&spec)?;
         let groups = rows.div_ceil(rpw) as u32;
         let params = [
@@ -311,6 +343,20 @@ fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
     }
     smaller_rows(rows, min_rows())
 }
+
+/// Subgroups per row of the plain products of one activation row (`DRIFT_MATVEC_TEAMS` = 1, 2 or
+/// 4; default 4). On the H200 (2026-12-01) Llama 3.2 1B's O and down products (2048 rows, one
+/// subgroup each: ~16 warps per SM) ran 1.8 TB/s; with 2 subgroups per row decode went 980 ->
+/// 1028 tok/s, with 4 to 1035.
+fn teams_per_row() -> usize {
+    std::env::var("DRIFT_MATVEC_TEAMS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|t| [1, 2, 4].contains(t))
+        .unwrap_or(DEFAULT_TEAMS)
+}
+
+const DEFAULT_TEAMS: usize = 4;
 
 /// Fewest rows per workgroup the plain products may take (`DRIFT_MATVEC_MIN_ROWS` = 2, 4 or 8,
 /// default 4). On the H200 (2026-11-30) 4 gave Llama 3.2 1B decode 978.6 tok/s against 971-973 at 8

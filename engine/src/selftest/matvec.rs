@@ -250,6 +250,8 @@ pub struct Case {
     pub rows_per_workgroup: Option<usize>,
     /// [`MatvecOptions::prefetch`].
     pub prefetch: Option<bool>,
+    /// [`MatvecOptions::teams`].
+    pub teams: Option<usize>,
     pub fuse: Fuse,
 }
 
@@ -280,6 +282,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 max_stage_bytes: None,
                 rows_per_workgroup: None,
                 prefetch: None,
+                teams: None,
                 fuse: Fuse::default(),
             };
             // Cases share specialisations (batch size, scalar / vector loads, bias), each of which
@@ -400,6 +403,7 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: Some(rows),
         prefetch: None,
+        teams: None,
         fuse,
     };
     let in_place = Fuse {
@@ -427,6 +431,20 @@ fn row_group_cases(w_dtype: DType, io: DType) -> Vec<Case> {
         c(1, 37, 256, io, in_place, 2),
         c(3, 19, 130, DType::F32, Fuse::default(), 4),
         c(1, 33, 1000, io, Fuse::default(), 2),
+        // Two or four subgroups per row (subgroups of 32 only), a partial last workgroup.
+        Case {
+            teams: Some(2),
+            ..c(1, 37, 256, io, in_place, 4)
+        },
+        Case {
+            teams: Some(4),
+            ..c(1, 33, 1000, io, Fuse::default(), 2)
+        },
+        Case {
+            teams: Some(2),
+            bias: true,
+            ..c(1, 75, 2056, DType::F32, in_place, 4)
+        },
     ]
 }
 
@@ -450,6 +468,7 @@ fn fused_cases(w_dtype: DType, io: DType, variant: MatvecVariant) -> Vec<Case> {
         max_stage_bytes: None,
         rows_per_workgroup: None,
         prefetch: None,
+        teams: None,
         fuse,
     };
     let norm = Fuse::norm;
@@ -563,6 +582,7 @@ fn staged_cases(gpu: &Gpu, w_dtype: DType, io: DType, variant: MatvecVariant) ->
         max_stage_bytes,
         rows_per_workgroup: None,
         prefetch: None,
+        teams: None,
         fuse,
     };
     let norm = Fuse::norm(DType::F32);
@@ -630,12 +650,14 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
             max_stage_bytes: c.max_stage_bytes,
             rows_per_workgroup: c.rows_per_workgroup,
             prefetch: c.prefetch,
+            teams: c.teams,
             ..Default::default()
         },
     );
     let mut prog = Program::new();
     let ds = matvec(gpu, &w, &x, &o, &opts)?;
     let staged = super::matvec::staging_label(&ds);
+    let dispatch_names: Vec<String> = ds.iter().map(|d| d.name.clone()).collect();
     prog.extend(ds);
     let dispatches = prog.len();
     prog.run(gpu)?;
@@ -677,11 +699,32 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Check> {
         name += " prefetch";
     }
     name += staged;
-    Ok(compare(
+    let teamed = c.teams.filter(|&t| t > 1).map(|t| {
+        (
+            t,
+            dispatch_names.iter().any(|d| d.contains(&format!("_t{t}"))),
+        )
+    });
+    if let Some((t, taken)) = teamed {
+        name += &format!(
+            " {t} subgroups/row{}",
+            if taken { "" } else { " (not taken)" }
+        );
+    }
+    let mut check = compare(
         name,
         &gpu.read_f32(&o)?,
         &want,
         atol,
         store_rtol(c.out_dtype),
-    ))
+    );
+    // On subgroups of 32 the teams must have been used, or the check would pass on the plain path.
+    if let Some((_, false)) = teamed
+        && gpu.caps.subgroup_min_size == 32
+        && gpu.caps.subgroup_max_size == 32
+    {
+        check.passed = false;
+        check.detail = "the subgroups-per-row path was not taken".into();
+    }
+    Ok(check)
 }

@@ -228,6 +228,29 @@ fn matvec_specialisations_compile() {
             }
         }
     }
+    // Several subgroups per row: plain products of one activation row, vector loads, subgroups.
+    for (tx, to) in [("f16", "f32"), ("f32", "f32")] {
+        for (rpw, teams) in [("4", "2"), ("2", "4"), ("8", "2")] {
+            for mut d in combos(
+                &[
+                    ("TX", tx),
+                    ("TO", to),
+                    ("NB", "1"),
+                    ("WG", "256"),
+                    ("RPW", rpw),
+                    ("VEC", "1"),
+                    ("XV4", "1"),
+                    ("SG", "1"),
+                    ("TEAMED", "1"),
+                    ("TEAMS", teams),
+                ],
+                &["WF16", "BIAS", "RES"],
+            ) {
+                fixed(&mut d, "0", "0");
+                to_spirv("matvec teams", src, &d);
+            }
+        }
+    }
     // The paired-row epilogues (one batch row, after the norm prologue, staged or not): GLU with bias,
     // RoPE into f16 caches with both pairings.
     for glu in [true, false] {
