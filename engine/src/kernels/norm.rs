@@ -180,7 +180,7 @@ fn add_rmsnorm_slices(
     eps: f32,
     variant: RowVariant,
 ) -> Result<Dispatch> {
-    let first = if slices > 1 {
+    let first = if residual.rank() != x.rank() {
         residual.view(0, &x.shape)?
     } else {
         residual.clone()
