@@ -135,11 +135,7 @@ pub fn matmul(
             opts,
         );
     }
-    let split = if too_big || !vector_ready(gpu, a, out, s.n)? {
-        1
-    } else {
-        split_of(gpu, a, &s, opts)?
-    };
+    let split = split_of(gpu, a, b, Some(out), &s, opts)?;
     if split > 1 {
         let (d, part) = split_partials(gpu, a, b, opts, &s, split)?;
         return Ok(vec![
@@ -174,30 +170,37 @@ pub fn matmul_partials(
         ..a.clone()
     };
     let s = check(a, b, &out, opts)?;
-    if opts.bias.is_some()
-        || b.binding(gpu.caps.max_storage_binding).is_err()
-        || !n.is_multiple_of(4)
-        || !a
-            .binding(gpu.caps.max_storage_binding)?
-            .base_elems
-            .is_multiple_of(4)
-    {
+    if opts.bias.is_some() {
         return Ok(None);
     }
-    match split_of(gpu, a, &s, opts)? {
+    match split_of(gpu, a, b, None, &s, opts)? {
         1 => Ok(None),
         split => split_partials(gpu, a, b, opts, &s, split).map(Some),
     }
 }
 
-/// Slices of K [`matmul`] cuts this product into (1: none): batch 1, one shared transposed weight,
-/// the cooperative variant, no epilogue but the bias.
-fn split_of(gpu: &Gpu, a: &Tensor, s: &Shape, opts: &MatmulOptions) -> Result<usize> {
+/// Slices of K [`matmul`] cuts this product into (1: none): batch 1, one shared transposed weight in
+/// one binding, the cooperative variant, no epilogue but the bias, and vector access for the passes
+/// that read the partials (N and a's base, and `out`'s base where a summing pass writes it).
+fn split_of(
+    gpu: &Gpu,
+    a: &Tensor,
+    b: &Tensor,
+    out: Option<&Tensor>,
+    s: &Shape,
+    opts: &MatmulOptions,
+) -> Result<usize> {
+    let max = gpu.caps.max_storage_binding;
+    let aligned = |t: &Tensor| -> Result<bool> { Ok(t.binding(max)?.base_elems.is_multiple_of(4)) };
     if opts.glu
         || s.batch != 1
         || s.batched_b
         || !opts.transpose_b
+        || b.binding(max).is_err()
         || choose_variant(&gpu.caps, a.dtype, opts.variant)? != MatmulVariant::Coop
+        || !s.n.is_multiple_of(4)
+        || !aligned(a)?
+        || !out.map_or(Ok(true), aligned)?
     {
         return Ok(1);
     }
@@ -223,15 +226,6 @@ fn split_partials(
         ..*opts
     };
     Ok((build(gpu, a, b, &part, &no_bias, s, 0, s.n, split)?, part))
-}
-
-/// Whether `a` and `out` (N columns) allow the split-K passes' vector access: N and both base offsets
-/// multiples of 4 elements.
-fn vector_ready(gpu: &Gpu, a: &Tensor, out: &Tensor, n: usize) -> Result<bool> {
-    let max = gpu.caps.max_storage_binding;
-    Ok(n.is_multiple_of(4)
-        && a.binding(max)?.base_elems.is_multiple_of(4)
-        && out.binding(max)?.base_elems.is_multiple_of(4))
 }
 
 /// `out = a @ W^T + bias` for a weight `W` `[N, K]` given as row shards (each bound separately, for

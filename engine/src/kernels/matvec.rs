@@ -258,25 +258,21 @@ pub fn matvec_shards(
             .define("SG", u8::from(sg))
             .defines(fusion.defines.clone())
             .defines(stage.defines());
-        let spec = if rpw == ROWS_PER_WORKGROUP {
-            spec
-        } else {
-            KernelSpec {
-                name: format!("{}_r{rpw}", spec.name),
-                ..spec
-            }
+        // Rows per workgroup other than 8 and subgroups per row are part of the kernel's name.
+        let mut suffix = String::new();
+        if rpw != ROWS_PER_WORKGROUP {
+            suffix += &format!("_r{rpw}");
+        }
+        if teamed {
+            suffix += &format!("_t{teams}");
+        }
+        let spec = KernelSpec {
+            name: format!("{}{suffix}", spec.name),
+            ..spec
         }
         .define("RPW", rpw)
         .define("TEAMED", u8::from(teamed))
         .define("TEAMS", teams);
-        let spec = if teamed {
-            KernelSpec {
-                name: format!("{}_t{teams}", spec.name),
-                ..spec
-            }
-        } else {
-            spec
-        };
         let kernel = gpu.kernel(&spec)?;
         let groups = rows.div_ceil(rpw) as u32;
         let params = [
@@ -346,7 +342,7 @@ fn rows_per_workgroup(rows: usize, pairs: bool, staged: bool) -> usize {
 
 /// Subgroups per row of the plain products of one activation row (`DRIFT_MATVEC_TEAMS` = 1, 2 or
 /// 4; default 4). On the H200 (2026-12-01) Llama 3.2 1B's O and down products (2048 rows, one
-/// subgroup each: ~16 warps per SM) ran 1.8 TB/s; with 2 subgroups per row decode went 980 ->
+/// subgroup each: ~16 warps per SM) ran ~2.3 TB/s; with 2 subgroups per row decode went 980 ->
 /// 1028 tok/s, with 4 to 1035.
 fn teams_per_row() -> usize {
     std::env::var("DRIFT_MATVEC_TEAMS")

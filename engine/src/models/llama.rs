@@ -321,8 +321,8 @@ impl LlamaModel {
             return Ok(d);
         }
         // The matrix-matrix path has one epilogue: SwiGLU (where `glu_matmul` allows it).
-        let glu_only = Fuse { glu: false, ..fuse };
-        if glu_only.is_some() {
+        let besides_glu = Fuse { glu: false, ..fuse };
+        if besides_glu.is_some() {
             return Err(DriftError::Other(format!(
                 "a fused projection of {rows} rows over {} weight parts has no matrix-vector path",
                 w.parts.len()
