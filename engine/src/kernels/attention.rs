@@ -93,6 +93,9 @@ pub struct AttentionOptions {
     /// One-pass decode variant: invocations per workgroup (default: see
     /// [`attention_row`]'s `threads_wanted`); for tuning and tests.
     pub row_threads: Option<usize>,
+    /// One-pass decode variant: workgroups per query row (default: see [`attention_row`]'s
+    /// `chunks_wanted`); for tuning and tests.
+    pub row_chunks: Option<usize>,
 }
 
 impl AttentionOptions {
@@ -203,6 +206,7 @@ pub fn attention(
             scale,
             opts.causal,
             opts.row_threads,
+            opts.row_chunks,
         )?]),
         AttentionVariant::Coop => coop(false),
         AttentionVariant::CoopEmulated => coop(true),

@@ -12,8 +12,9 @@ use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
 use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, unrolled, vec4_ok};
 use crate::kernels::{KernelSpec, grid};
-use crate::shader;
-use crate::tensor::Tensor;
+use crate::memory::Category;
+use crate::tensor::{DType, Layout, Tensor};
+use crate::{shader, shape_err};
 
 /// The kernel with the bindings it shares with the prefill kernel appended.
 const SOURCE: &str = concat!(
@@ -49,8 +50,21 @@ fn threads_wanted(d: usize) -> u32 {
     std::env::var("DRIFT_ATTENTION_ROW_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|t| [128, 256, 512, 1024].contains(t))
+        .filter(|t| [64, 128, 256, 512, 1024].contains(t))
         .unwrap_or(if d <= 64 { 2 * THREADS } else { THREADS })
+}
+
+/// Workgroups per query row (`CH`): the row's key tiles are dealt over them and the last to finish
+/// merges their shares (see the shader). `DRIFT_ATTENTION_ROW_CHUNKS` = 1..=64 overrides the
+/// default of 1 (the whole row in one workgroup).
+const MAX_CHUNKS: usize = 64;
+
+fn chunks_wanted() -> usize {
+    std::env::var("DRIFT_ATTENTION_ROW_CHUNKS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|c| (1..=MAX_CHUNKS).contains(c))
+        .unwrap_or(1)
 }
 
 /// Whether the subgroups' shares are merged by subgroup reductions where the subgroups are few enough
@@ -121,8 +135,15 @@ pub(crate) fn decode_row(
     scale: f32,
     causal: bool,
     threads: Option<usize>,
+    chunks: Option<usize>,
 ) -> Result<Dispatch> {
     let d = dims.d;
+    let ch = chunks.unwrap_or_else(chunks_wanted);
+    if !(1..=MAX_CHUNKS).contains(&ch) {
+        return Err(shape_err!(
+            "attention: one-pass decode takes 1..={MAX_CHUNKS} workgroups per row, not {ch}"
+        ));
+    }
     let lanes = RowLanes::new(&gpu.caps, d)
         .map_err(|why| DriftError::Unsupported(format!("attention: one-pass decode {why}")))?;
     let nt = lanes.threads(&gpu.caps, d, threads);
@@ -130,9 +151,14 @@ pub(crate) fn decode_row(
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
         format!(
-            "attention_decode_row_d{d}_{tag}{}_t{nt}{}",
+            "attention_decode_row_d{d}_{tag}{}_t{nt}{}{}",
             if causal { "_causal" } else { "" },
             if sg_merge { "" } else { "_wm" },
+            if ch > 1 {
+                format!("_ch{ch}")
+            } else {
+                String::new()
+            },
         ),
         SOURCE,
         "main",
@@ -145,6 +171,8 @@ pub(crate) fn decode_row(
     .define("LG", lanes.lg)
     .define("CAUSAL", flag(causal))
     .define("SGMERGE", flag(sg_merge))
+    .define("CH", ch)
+    .define("CHUNKS", flag(ch > 1))
     .defines(row_bodies(&lanes));
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.b * dims.lq * dims.hq;
@@ -157,11 +185,26 @@ pub(crate) fn decode_row(
         scale.to_bits(),
     ];
     let flops = 4.0 * (dims.b * dims.hq * d) as f64 * dims.visible_pairs(causal);
+    // With chunks: the rows' arrival counts (zero, as the kernel leaves them) and their shares.
+    let scratch;
+    let mut tensors = vec![q, k, v, step, out];
+    if ch > 1 {
+        let words = rows + rows * ch * (d + 2);
+        scratch = gpu.tensor_from_bytes(
+            "attention row shares",
+            &[words],
+            DType::U32,
+            Layout::RowMajor,
+            &vec![0u8; words * 4],
+            Category::Activations,
+        )?;
+        tensors.push(&scratch);
+    }
     gpu.dispatch(
         &kernel,
         &params,
-        &[q, k, v, step, out],
-        grid(rows as u32, gpu.caps.max_workgroups_per_dimension),
+        &tensors,
+        grid((rows * ch) as u32, gpu.caps.max_workgroups_per_dimension),
         Cost {
             flops,
             bytes: (q.byte_len() + k.byte_len() + v.byte_len() + out.byte_len()) as f64,

@@ -42,6 +42,8 @@ pub struct Case {
     pub coop_tile: Option<CoopTile>,
     /// [`AttentionOptions::row_threads`].
     pub row_threads: Option<usize>,
+    /// [`AttentionOptions::row_chunks`].
+    pub row_chunks: Option<usize>,
     /// Element offsets of q, k/v and out inside larger buffers (views).
     pub q_offset: usize,
     pub kv_offset: usize,
@@ -70,6 +72,7 @@ impl Case {
             tile: None,
             coop_tile: None,
             row_threads: None,
+            row_chunks: None,
             q_offset: 0,
             kv_offset: 0,
             out_offset: 0,
@@ -277,6 +280,17 @@ fn row_cases(gpu: &Gpu) -> Vec<Case> {
         ]);
     }
     cases.retain(|c| crate::kernels::attention_row::row_available(&gpu.caps, c.head_dim));
+    // Again with each row's tiles dealt over several workgroups (3: uneven shares and some with no
+    // tile at short lengths; 16 at the long ones), run over several steps so the arrival counts
+    // must come back to zero between dispatches.
+    let chunked: Vec<Case> = cases
+        .iter()
+        .map(|c| Case {
+            row_chunks: Some(if c.kv_max >= 640 { 16 } else { 3 }),
+            ..c.clone()
+        })
+        .collect();
+    cases.extend(chunked);
     // Again with one subgroup per lane of a subgroup (S x S invocations): the shares then meet in
     // subgroup reductions on any device (lavapipe's default 512 invocations are 64 subgroups of 8).
     let s = gpu.caps.subgroup_max_size as usize;
@@ -405,6 +419,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         prefill_tile: c.tile,
         coop_tile: c.coop_tile,
         row_threads: c.row_threads,
+        row_chunks: c.row_chunks,
     };
     let mut prog = Program::new();
     prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);

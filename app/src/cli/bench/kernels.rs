@@ -347,9 +347,12 @@ pub fn run_all(
     // decode programs should switch from one to the other (`attention_row::ROW_MAX_KV`).
     for (model, hq, hkv, d) in [("135m", 9, 3, 64), ("1b", 32, 8, 64), ("8b", 32, 8, 128)] {
         for kv in [256usize, 512, 1024, 2048, 4096] {
-            for (label, variant) in [
-                ("split", AttentionVariant::Decode),
-                ("row", AttentionVariant::DecodeRow),
+            for (label, variant, row_chunks) in [
+                ("split", AttentionVariant::Decode, None),
+                ("row", AttentionVariant::DecodeRow, Some(1)),
+                ("row ch4", AttentionVariant::DecodeRow, Some(4)),
+                ("row ch8", AttentionVariant::DecodeRow, Some(8)),
+                ("row ch16", AttentionVariant::DecodeRow, Some(16)),
             ] {
                 let name = format!("attndecode {model} kv {kv} {label}");
                 if !wanted(&name)
@@ -366,6 +369,7 @@ pub fn run_all(
                 let opts = AttentionOptions {
                     causal: true,
                     variant,
+                    row_chunks,
                     ..Default::default()
                 };
                 let dispatches = attention(gpu, &q, &k, &v, &o, &step, &opts)?;
