@@ -17,8 +17,14 @@
 // Q4_1: w = d q + m;               sum w x = dw dx S + m sx
 // Q8_0: w = d q, q = int8;         sum w x = dw dx S
 //
+// KW > 1 (KWS) also splits each row's blocks over KW workgroups (products of few rows: more
+// workgroups, each quantizing only its own slice of x). A workgroup writes its rows' partial sums to
+// `kw_scr` and counts itself in; the last of the KW to arrive adds the KW partials in slice order
+// (the result does not depend on arrival order), applies the epilogue and resets the count. Not with
+// NORM (its sum of squares needs the whole row) or the paired-row epilogues.
+//
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, KT
-// (teams per row group) and KSPLIT (KT > 1), XQ4 (x's layout), BU
+// (teams per row group) and KSPLIT (KT > 1), KW / KWS / SCR_B, XQ4 (x's layout), BU
 // (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
@@ -44,6 +50,19 @@ const KT = {{KT}}u;
 // Rows per workgroup (the paired-row epilogues of matvec_fuse.wgsl pair them up).
 const RPW = TEAMS / KT * R * RG;
 const MAXB = {{MAXB}}u;
+// Workgroups per row set (each takes a slice of the blocks, see the header).
+const KW = {{KW}}u;
+
+#if KWS
+// Row sets' arrival counts (set i at i, zero between dispatches), then each row's KW partial sums
+// (row r's slice j at nsets + r KW + j, f32 bits).
+@group(0) @binding({{SCR_B}}) var<storage, read_write> kw_scr: array<atomic<u32>>;
+var<workgroup> kw_last: u32;
+
+fn kw_part(row: u32, j: u32) -> u32 {
+    return (p.rows + RPW - 1u) / RPW + row * KW + j;
+}
+#endif
 
 // x block c: 8 words of 4 int8 qh (elements 4j .. 4j + 3 in word j), then 8 of ql, and (dx, sum x).
 // Stored plane-major: the lanes of a team read consecutive blocks, so each of their loads reads one
@@ -68,8 +87,8 @@ fn max4(v: vec4<f32>) -> f32 {
     return max(max(v.x, v.y), max(v.z, v.w));
 }
 
-// Quantizes block c of the (prologue'd) input into xq / xd.
-fn quantize_block(c: u32) {
+// Quantizes block c of the (prologue'd) input into slot `at` of xq / xd.
+fn quantize_block(at: u32, c: u32) {
     let e = 32u * c;
     let v0 = x_in4(0u, e);
     let v1 = x_in4(0u, e + 4u);
@@ -93,22 +112,22 @@ fn quantize_block(c: u32) {
     let s6 = v6 * inv;
     let s7 = v7 * inv;
 #if XQ4
-    xq[c] = vec4<u32>(hi8(s0), hi8(s1), hi8(s2), hi8(s3));
-    xq[c + MAXB] = vec4<u32>(hi8(s4), hi8(s5), hi8(s6), hi8(s7));
-    xq[c + 2u * MAXB] = vec4<u32>(lo8(s0), lo8(s1), lo8(s2), lo8(s3));
-    xq[c + 3u * MAXB] = vec4<u32>(lo8(s4), lo8(s5), lo8(s6), lo8(s7));
+    xq[at] = vec4<u32>(hi8(s0), hi8(s1), hi8(s2), hi8(s3));
+    xq[at + MAXB] = vec4<u32>(hi8(s4), hi8(s5), hi8(s6), hi8(s7));
+    xq[at + 2u * MAXB] = vec4<u32>(lo8(s0), lo8(s1), lo8(s2), lo8(s3));
+    xq[at + 3u * MAXB] = vec4<u32>(lo8(s4), lo8(s5), lo8(s6), lo8(s7));
 #else
-    split(s0, c);
-    split(s1, c + MAXB);
-    split(s2, c + 2u * MAXB);
-    split(s3, c + 3u * MAXB);
-    split(s4, c + 4u * MAXB);
-    split(s5, c + 5u * MAXB);
-    split(s6, c + 6u * MAXB);
-    split(s7, c + 7u * MAXB);
+    split(s0, at);
+    split(s1, at + MAXB);
+    split(s2, at + 2u * MAXB);
+    split(s3, at + 3u * MAXB);
+    split(s4, at + 4u * MAXB);
+    split(s5, at + 5u * MAXB);
+    split(s6, at + 6u * MAXB);
+    split(s7, at + 7u * MAXB);
 #endif
     let sx = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
-    xd[c] = vec2<f32>(m / 127.0, (sx.x + sx.y) + (sx.z + sx.w));
+    xd[at] = vec2<f32>(m / 127.0, (sx.x + sx.y) + (sx.z + sx.w));
 }
 
 #ifnot XQ4
@@ -205,13 +224,18 @@ fn matvec(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
 ) {
-    let wg_first = (wid.x + wid.y * nwg.x) * RPW;
+    let wgi = wid.x + wid.y * nwg.x;
+    let wg_first = (wgi / KW) * RPW;
+    // The workgroup's blocks [kb.x, kb.y) (all of them without KWS); xq / xd slot = block - kb.x.
+    let kper = (p.nchunks + KW - 1u) / KW;
+    let kb0 = min((wgi % KW) * kper, p.nchunks);
+    let kb = vec2<u32>(kb0, min(kb0 + kper, p.nchunks));
     // A step's weight blocks: R rows x BU blocks per lane, all loaded before any is used.
     var wv: array<Raw, RBU>;
     var rb: array<u32, R>;
 #if PF
     // The first step's loads go out before the pre-pass, so DRAM latency overlaps it.
-    let sl0 = k_slice(sg);
+    let sl0 = k_slice(sg, kb);
     if sg < TEAMS * RG && wg_first + (sg / KT) * R < p.rows && sl0.x + lane < sl0.y {
         row_bases(&rb, wg_first, sg / KT);
         load_step(&wv, &rb, sl0.x + lane, sgs, sl0.y);
@@ -220,8 +244,8 @@ fn matvec(
 
     // 1. The input row, quantized once per workgroup (and, with NORM, its sum of squares).
     fuse_begin_row();
-    for (var c = lid; c < p.nchunks; c += WG) {
-        quantize_block(c);
+    for (var c = lid; c < kb.y - kb.x; c += WG) {
+        quantize_block(c, kb.x + c);
     }
 #if NORM
     let part = subgroupAdd((sq[0].x + sq[0].y) + (sq[0].z + sq[0].w));
@@ -243,7 +267,7 @@ fn matvec(
     for (var g = sg; g < TEAMS * RG; g += nsg) {
         // Team g: rows rgi R .. of the workgroup, blocks sl.x .. sl.y of them.
         let rgi = g / KT;
-        let sl = k_slice(g);
+        let sl = k_slice(g, kb);
         let first = wg_first + rgi * R;
         if first >= p.rows {
             break;
@@ -261,8 +285,8 @@ fn matvec(
                 let cu = c + u * sgs;
                 // Block c itself is inside the slice (the loop's condition).
                 if u == 0u || cu < sl.y {
-                    let x = x_block(cu);
-                    let dx = xd[cu];
+                    let x = x_block(cu - kb.x);
+                    let dx = xd[cu - kb.x];
                     for (var r = 0u; r < R; r++) {
                         acc[r] += block_dot(wv[r * BU + u], x, dx);
                     }
@@ -278,7 +302,7 @@ fn matvec(
 #else
             let row = first + r;
             if lane == 0u && row < p.rows {
-                finish_row(wg_first, rgi * R + r, s, sumsq);
+                finish_row(wg_first, rgi * R + r, s, sumsq, wgi % KW);
             }
 #endif
         }
@@ -292,7 +316,27 @@ fn matvec(
         for (var ks = 0u; ks < KT; ks++) {
             s += kpart[base + ks * R];
         }
-        finish_row(wg_first, lid, s, sumsq);
+        finish_row(wg_first, lid, s, sumsq, wgi % KW);
+    }
+#endif
+#if KWS
+    // Every partial before the count (release); the last workgroup of the row set adds them.
+    storageBarrier();
+    if lid == 0u {
+        kw_last = u32(atomicAdd(&kw_scr[wgi / KW], 1u) == KW - 1u);
+    }
+    if workgroupUniformLoad(&kw_last) == 1u {
+        storageBarrier();
+        if lid < RPW && wg_first + lid < p.rows {
+            var s = 0.0;
+            for (var j = 0u; j < KW; j++) {
+                s += bitcast<f32>(atomicLoad(&kw_scr[kw_part(wg_first + lid, j)]));
+            }
+            write_out(wg_first + lid, 0u, s);
+        }
+        if lid == 0u {
+            atomicStore(&kw_scr[wgi / KW], 0u);
+        }
     }
 #endif
 #if PAIRS
@@ -301,8 +345,12 @@ fn matvec(
 }
 
 // Row rr of the workgroup is the sum s (with NORM, of the normed input, whose sum of squares is
-// sumsq): its output, or its value kept for the paired-row epilogue.
-fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32) {
+// sumsq): its output, or its value kept for the paired-row epilogue, or (KWS) the partial sum of the
+// workgroup's slice of the blocks.
+fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32, slice: u32) {
+#if KWS
+    atomicStore(&kw_scr[kw_part(wg_first + rr, slice)], bitcast<u32>(s));
+#else
 #if NORM
     let red = vec2<f32>(s, sumsq);
 #else
@@ -313,13 +361,14 @@ fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32) {
 #else
     write_out(wg_first + rr, 0u, red);
 #endif
+#endif
 }
 
-// Team g's blocks of the row: [x, y).
-fn k_slice(g: u32) -> vec2<u32> {
-    let per = (p.nchunks + KT - 1u) / KT;
-    let c0 = min((g % KT) * per, p.nchunks);
-    return vec2<u32>(c0, min(c0 + per, p.nchunks));
+// Team g's blocks of the row: [x, y), within the workgroup's blocks kb.
+fn k_slice(g: u32, kb: vec2<u32>) -> vec2<u32> {
+    let per = (kb.y - kb.x + KT - 1u) / KT;
+    let c0 = min(kb.x + (g % KT) * per, kb.y);
+    return vec2<u32>(c0, min(c0 + per, kb.y));
 }
 
 // Byte offsets of the R weight rows of the workgroup's row group g.

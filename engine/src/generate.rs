@@ -189,7 +189,7 @@ impl LlmSession {
         let cb = encode_steps(&gpu.device, &[&prefill], &self.result_copy(0), tokens);
         self.submit_buffer(gpu, cb, 0);
         // Decode steps run at positions first_pos, +1, ...: the step at `pos` leaves pos + 1 KV rows,
-        // which picks its program (short contexts run the one-pass attention, long ones the split
+        // which picks its program (short contexts run the one-pass attention, long ones the chunked
         // one), and produces the token after it. Greedy runs `batch` steps per command buffer (one
         // compute pass, their tokens copied out of the history at its end); batch `b` fills readback
         // slot b % slots, and its command buffer is encoded ahead (see encode_ahead), the first ones
@@ -215,7 +215,7 @@ impl LlmSession {
             p
         };
         let short = step_program(1);
-        // The split-attention program, where the model has one for longer caches.
+        // The chunked-attention program, where the model has one for longer caches.
         let long = m
             .decode_switch_kv()
             .map(|at| (at, step_program(usize::MAX)));
@@ -603,7 +603,7 @@ mod tests {
         }
     }
 
-    /// Generation that crosses the one-pass attention's KV limit (the encoder switches programs mid
+    /// Generation that crosses the one-pass attention's KV limit (the encoder switches to the chunked program mid
     /// reply, also inside a batch of steps) gives the split attention's tokens, as does the one-pass
     /// attention throughout.
     #[test]
@@ -632,7 +632,7 @@ mod tests {
             return;
         }
         assert_eq!(one_pass, split, "one-pass attention throughout");
-        // Decode step i leaves prompt_len + 1 + i rows: the first three run one-pass, the rest split.
+        // Decode step i leaves prompt_len + 1 + i rows: the first three run one-pass, the rest chunked.
         for batch in [1, 2] {
             let (switching, _, _) = run(Some(prompt_len + 3), batch);
             assert_eq!(

@@ -385,8 +385,8 @@ fn unknown_architectures_and_pickles_are_refused_clearly() {
 }
 
 /// Decode with the one-pass attention (one workgroup per query row) gives the split attention's
-/// logits, one dispatch fewer per layer; the model switches to the split program once the KV length
-/// passes the one-pass limit.
+/// logits, one dispatch fewer per layer; the model switches to the chunked one-pass program (each
+/// row's keys over several workgroups, still one dispatch) once the KV length passes the limit.
 #[test]
 fn one_pass_decode_attention_matches_split() {
     for gpu in [gpu_f32(), gpu()] {
@@ -418,30 +418,36 @@ fn one_pass_decode_attention_matches_split() {
                 rows(&m, t + 1, "attention_decode_row"),
                 rows(&m, t + 1, "attention_decode_merge"),
             );
+            let chunked = rows(&m, t + 1, "attention_decode_row") == rows(&m, t + 1, "_ch");
             (
                 gpu.read_f32(&m.logits).unwrap(),
                 row == n && merge == 0,
                 row == 0 && merge == n,
+                chunked,
             )
         };
-        let (split, _, split_ok) = step(0);
+        let (split, _, split_ok, _) = step(0);
         assert!(split_ok, "the split program: a merge per layer");
-        let (one_pass, row_ok, _) = step(t + 1);
-        assert!(row_ok, "the one-pass program: no merge");
-        // Past the limit the same model serves the split program.
-        let (past, _, past_ok) = step(t);
-        assert!(past_ok, "past the one-pass limit: the split program");
-        assert_eq!(past, split, "the split program, rebuilt");
-        // Both sum the same products in different orders (f32 accumulation): ~1e-6 relative.
-        let want: Vec<f64> = split.iter().map(|&v| v as f64).collect();
-        let c = drift_engine::selftest::compare(
-            format!("one-pass vs split decode attention (f16: {})", gpu.caps.f16),
-            &one_pass,
-            &want,
-            if gpu.caps.f16 { 2e-2 } else { 1e-4 },
-            if gpu.caps.f16 { 2e-3 } else { 1e-5 },
+        let (one_pass, row_ok, _, one_chunked) = step(t + 1);
+        assert!(row_ok && !one_chunked, "the one-pass program: no merge");
+        // Past the limit the same model serves the chunked one-pass program.
+        let (past, past_row, _, past_chunked) = step(t);
+        assert!(
+            past_row && past_chunked,
+            "past the one-pass limit: the chunked program"
         );
-        assert!(c.passed, "{c}");
+        // All sum the same products in different orders (f32 accumulation): ~1e-6 relative.
+        let want: Vec<f64> = split.iter().map(|&v| v as f64).collect();
+        for (what, got) in [("one-pass", &one_pass), ("chunked one-pass", &past)] {
+            let c = drift_engine::selftest::compare(
+                format!("{what} vs split decode attention (f16: {})", gpu.caps.f16),
+                got,
+                &want,
+                if gpu.caps.f16 { 2e-2 } else { 1e-4 },
+                if gpu.caps.f16 { 2e-3 } else { 1e-5 },
+            );
+            assert!(c.passed, "{c}");
+        }
     }
 }
 

@@ -3,9 +3,10 @@
 //! dispatch with no partial rows to merge. Its subgroups split the keys among themselves and meet in
 //! workgroup memory; the shader's header has the lane layout.
 //!
-//! It reads all of a KV head's rows in one workgroup (one SM), so it wins while the context is short
-//! and the split-sequence variant (many workgroups per head, then a merge dispatch) wins on long ones:
-//! decode programs pick between them by the step's KV length (see [`ROW_MAX_KV`]).
+//! Past a thousand keys or so one workgroup (one SM) per row is too little: with `chunks` > 1 a
+//! row's key tiles are dealt over several workgroups and the last of them to finish merges their
+//! shares, still in one dispatch. Decode programs run one workgroup per row up to [`ROW_MAX_KV`]
+//! keys and the chunked form past it ([`long_row_chunks`]).
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -22,11 +23,22 @@ const SOURCE: &str = concat!(
     shader!("attention_io.wgsl")
 );
 
-/// Largest KV length for which decode programs use this variant (default; `DRIFT_ATTENTION_ROW_MAX`
-/// overrides it, 0 switches the variant off). On the H200 (`drift bench kernels --filter attndecode`,
-/// 2026-11-30) it beat split + merge at every length up to 2048 for SmolLM2-135M, Llama 3.2 1B and
-/// Llama 3.1 8B shapes, and broke even with it near 4096 for the 8B one.
-pub const ROW_MAX_KV: usize = 2048;
+/// Largest KV length for which decode programs use one workgroup per row (default;
+/// `DRIFT_ATTENTION_ROW_MAX` overrides it, 0 switches the variant off, chunked or not). On the H200
+/// (`drift bench kernels --filter attndecode`, 2026-12-01, us per dispatch): at 512 keys one
+/// workgroup per row took 10.7 / 11.1 / 14.9 us for SmolLM2-135M / Llama 3.2 1B / Llama 3.1 8B
+/// shapes against 12.8 / 13.2 / 14.6 with 4 chunks (the merge's round trip costs ~2 us); at 1024
+/// 12.7 / 12.7 / 19.5 against 13.1 / 13.0 / 15.0; at 2048 16.2 / 16.5 / 27.8 against 13.0 / 14.1 /
+/// 17.4, and the split + merge variant 24.0 / 27.9 / 36.5.
+pub const ROW_MAX_KV: usize = 1024;
+
+/// Workgroups per row for decode programs whose cache reaches `max_ctx` keys, used past
+/// [`ROW_MAX_KV`]: 4 up to 8192 keys, then one more per 2048, at most 16. At 4096 keys (H200,
+/// 2026-12-01) 4 chunks took 15.2 / 16.8 / 23.5 us (135M / 1B / 8B shapes), 16 took 17.9 / 28.4 /
+/// 37.2, the split + merge variant 31.7 / 31.5 / 44.5 and one workgroup per row 23.2 / 23.6 / 43.2.
+pub fn long_row_chunks(max_ctx: usize) -> usize {
+    max_ctx.div_ceil(2048).clamp(4, 16)
+}
 
 /// KV length up to which decode uses the one-pass variant: [`ROW_MAX_KV`] or the override.
 pub fn row_max_kv() -> usize {

@@ -18,6 +18,7 @@ use crate::kernels::matvec::{
     matvec_cost,
 };
 use crate::kernels::{KernelSpec, grid, quant_dp4a};
+use crate::memory::Category;
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
 
@@ -111,6 +112,11 @@ pub struct QuantTuning {
     /// per block) instead of 16 word planes. Off by default until measured; `DRIFT_DP4A_XQ4=1` turns
     /// the default on (A/B runs).
     pub x_vec4: bool,
+    /// Integer-dot-product kernel: workgroups sharing each row set, each taking 1 / k_workgroups of
+    /// the row's blocks (and quantizing only that slice of x), the last to finish adding the slices
+    /// (1..=16; 0 = automatic, see [`quant_dp4a::k_workgroups`]). Products with the norm prologue or
+    /// a paired-row epilogue keep 1.
+    pub k_workgroups: u32,
 }
 
 impl Default for QuantTuning {
@@ -126,6 +132,10 @@ impl Default for QuantTuning {
             prefetch: false,
             k_teams: 0,
             x_vec4: std::env::var_os("DRIFT_DP4A_XQ4").is_some_and(|v| v == "1"),
+            k_workgroups: std::env::var("DRIFT_DP4A_KW")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
         }
         .with_env_override()
     }
@@ -388,9 +398,10 @@ pub fn matvec_quant_shards_tuned(
     if ![0, 1, 2, 4].contains(&tuning.rows_per_team)
         || ![0, 1, 2, 4].contains(&tuning.chunks_per_step)
         || ![0, 1, 2, 4, 8].contains(&tuning.k_teams)
+        || tuning.k_workgroups > 16
     {
         return Err(shape_err!(
-            "matvec_quant: tuning {tuning:?} out of range (rows 0, 1, 2 or 4, chunks 0, 1, 2 or 4, k teams 0, 1, 2, 4 or 8)"
+            "matvec_quant: tuning {tuning:?} out of range (rows 0, 1, 2 or 4, chunks 0, 1, 2 or 4, k teams 0, 1, 2, 4 or 8, k workgroups 0..=16)"
         ));
     }
     // Chunks in flight hide memory latency on GPUs; a CPU device (lavapipe) gains nothing from them
@@ -460,9 +471,16 @@ pub fn matvec_quant_shards_tuned(
             fusion.suffix(),
         );
         let red = if sg { "_sg" } else { "_wg" };
-        // The dp4a kernel stages its own (int8) input.
+        // The dp4a kernel stages its own (int8) input; with K split over workgroups its scratch
+        // (arrival counts and partial sums) is bound after the fusion tensors.
+        let kw = if dp4a {
+            quant_dp4a::k_workgroups(tuning.k_workgroups, opts)
+        } else {
+            1
+        };
         let spec = if dp4a {
-            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, n, &tuning)
+            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, n, &tuning, kw)
+                .define("SCR_B", 4 + fusion.tensors.len())
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -505,12 +523,26 @@ pub fn matvec_quant_shards_tuned(
         .collect::<Vec<_>>();
         let mut tensors = vec![&wv, x, out];
         tensors.extend(&fusion.tensors);
+        let scratch;
+        if kw > 1 {
+            // Zero counts (the kernel leaves them zero), then the partial sums.
+            let words = groups as usize + rows * kw as usize;
+            scratch = gpu.tensor_from_bytes(
+                "matvec split-K partials",
+                &[words],
+                DType::U32,
+                Layout::RowMajor,
+                &vec![0u8; words * 4],
+                Category::Activations,
+            )?;
+            tensors.push(&scratch);
+        }
         let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts);
         ds.push(gpu.dispatch(
             &kernel,
             &params,
             &tensors,
-            grid(groups, caps.max_workgroups_per_dimension),
+            grid(groups * kw, caps.max_workgroups_per_dimension),
             cost,
         )?);
     }

@@ -8,6 +8,7 @@
 
 use crate::gpu::Gpu;
 use crate::kernels::KernelSpec;
+use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::quant::QuantTuning;
 use crate::tensor::DType;
 
@@ -65,16 +66,40 @@ pub(crate) fn row_groups(requested: u32, rows: usize) -> u32 {
 /// The specialisation-independent part of the spec for a product of `rows` rows of width `k` (the
 /// caller adds the block type, alignment, dtypes, rows per team, x vector access and the fusion
 /// defines).
-pub(crate) fn spec(name: String, k: usize, rows: usize, tuning: &QuantTuning) -> KernelSpec {
+pub(crate) fn spec(
+    name: String,
+    k: usize,
+    rows: usize,
+    tuning: &QuantTuning,
+    kw: u32,
+) -> KernelSpec {
     let kt = k_teams(tuning.k_teams);
+    let name = if kw > 1 {
+        format!("{name}_kw{kw}")
+    } else {
+        name
+    };
+    // A workgroup quantizes its slice of x: K / kw elements (rounded up to whole blocks).
+    let slice = (k / 32).div_ceil(kw as usize) * 32;
     KernelSpec::new(name, SOURCE, "matvec")
-        .define("MAXB", max_blocks(k))
+        .define("MAXB", max_blocks(slice))
+        .define("KW", kw)
+        .define("KWS", u8::from(kw > 1))
         .define("RG", row_groups(tuning.row_groups, rows))
         .define("BU", blocks_in_flight(tuning.chunks_per_step))
         .define("PF", u8::from(tuning.prefetch))
         .define("KT", kt)
         .define("KSPLIT", u8::from(kt > 1))
         .define("XQ4", u8::from(tuning.x_vec4))
+}
+
+/// Workgroups sharing a row set for `requested` (0 = automatic: 1): the products whose fusion allows
+/// it (no norm prologue, no paired-row epilogue) split K over that many workgroups.
+pub(crate) fn k_workgroups(requested: u32, opts: &MatvecOptions) -> u32 {
+    if opts.norm.is_some() || opts.glu || opts.rope.is_some() {
+        return 1;
+    }
+    requested.max(1)
 }
 
 /// Teams sharing a row group for `k_teams` (0 = 1).

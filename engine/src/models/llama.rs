@@ -25,7 +25,7 @@ use crate::exec::{Dispatch, Program};
 use crate::gpu::Gpu;
 use crate::kernels::activation::swiglu;
 use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
-use crate::kernels::attention_row::{row_available, row_max_kv};
+use crate::kernels::attention_row::{long_row_chunks, row_available, row_max_kv};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{MatmulOptions, glu_available, matmul, matmul_partials};
 use crate::kernels::matvec::MatvecOptions;
@@ -155,8 +155,9 @@ pub struct LlamaModel {
     /// The decode step with one-pass attention (`AttentionVariant::DecodeRow`) while the KV length is at
     /// most `row_max_kv`, or with split attention for every length where that variant is off.
     decode: Option<Program>,
-    /// The decode step with split-sequence attention, for KV lengths past `row_max_kv` (none when the
-    /// cache is no longer than that, or the one-pass variant is off).
+    /// The decode step with each row's keys dealt over several workgroups (`row_chunks`), for KV
+    /// lengths past `row_max_kv` (none when the cache is no longer than that, or the one-pass variant
+    /// is off).
     decode_long: Option<Program>,
     /// KV length up to which `decode` serves (0: the one-pass variant is off on this device).
     row_max_kv: usize,
@@ -247,19 +248,32 @@ impl LlamaModel {
         self.build_decode_programs(gpu)
     }
 
-    /// The decode step for one-pass attention while it serves this cache, and the split one past it.
+    /// The decode step for one-pass attention while it serves this cache, and the one with each
+    /// row's keys dealt over several workgroups past it (split-sequence attention where the one-pass
+    /// variant is off).
     fn build_decode_programs(&mut self, gpu: &Gpu) -> Result<()> {
         let row = self.row_max_kv > 0;
+        let variant = if row {
+            AttentionVariant::DecodeRow
+        } else {
+            AttentionVariant::Auto
+        };
         self.decode = Some(self.build_decode(
             gpu,
-            if row {
-                AttentionVariant::DecodeRow
-            } else {
-                AttentionVariant::Auto
+            AttentionOptions {
+                variant,
+                ..Default::default()
             },
         )?);
         self.decode_long = if row && self.max_ctx > self.row_max_kv {
-            Some(self.build_decode(gpu, AttentionVariant::Auto)?)
+            Some(self.build_decode(
+                gpu,
+                AttentionOptions {
+                    variant,
+                    row_chunks: Some(long_row_chunks(self.max_ctx)),
+                    ..Default::default()
+                },
+            )?)
         } else {
             None
         };
@@ -424,7 +438,7 @@ impl LlamaModel {
         a: &Activations,
         ids: &Tensor,
         t: usize,
-        attention_variant: AttentionVariant,
+        attention_opts: AttentionOptions,
     ) -> Result<Vec<Dispatch>> {
         let c = &self.cfg;
         let eps = c.rms_eps as f32;
@@ -484,8 +498,7 @@ impl LlamaModel {
                 &self.step,
                 &AttentionOptions {
                     causal: true,
-                    variant: attention_variant,
-                    ..Default::default()
+                    ..attention_opts
                 },
             )?);
             let attn2 = a.attn.reshape(&[t, c.n_heads * c.head_dim])?;
@@ -581,13 +594,13 @@ impl LlamaModel {
     }
 
     /// One decode step: the token at `ids[pos]` in, logits and the greedy id (`ids[pos + 1]`) out.
-    fn build_decode(&self, gpu: &Gpu, attention_variant: AttentionVariant) -> Result<Program> {
+    fn build_decode(&self, gpu: &Gpu, attention_opts: AttentionOptions) -> Result<Program> {
         let a = &self.decode_acts;
         let mut p = Program::new();
         // The input id is read through the step-independent view ids[0..1]; `run_decode` copies the id
         // into place (the argmax writes it there directly when greedy).
         let ids = self.ids.view(0, &[1])?;
-        p.extend(self.layers(gpu, a, &ids, 1, attention_variant)?);
+        p.extend(self.layers(gpu, a, &ids, 1, attention_opts)?);
         p.extend(self.head(gpu, a, 0..1, &self.logits)?);
         Ok(p)
     }
@@ -605,8 +618,8 @@ impl LlamaModel {
         self.row_max_kv
     }
 
-    /// The KV length past which [`Self::decode_program`] gives the split-attention program, where this
-    /// cache is long enough to get there.
+    /// The KV length past which [`Self::decode_program`] gives the chunked-attention program, where
+    /// this cache is long enough to get there.
     pub fn decode_switch_kv(&self) -> Option<usize> {
         self.decode_long.as_ref().map(|_| self.row_max_kv)
     }
@@ -643,7 +656,7 @@ impl LlamaModel {
         let a = Activations::new(gpu, &self.cfg, t, io, self.fused(t))?;
         let ids = self.ids.view(0, &[t])?;
         let mut p = Program::new();
-        p.extend(self.layers(gpu, &a, &ids, t, AttentionVariant::Auto)?);
+        p.extend(self.layers(gpu, &a, &ids, t, AttentionOptions::default())?);
         let logits = if all_logits {
             let l = gpu.tensor(
                 "prefill logits",

@@ -160,6 +160,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                     prefetch: false,
                     k_teams: 0,
                     x_vec4: false,
+                    k_workgroups: 1,
                 },
                 ..Case::new(dtype, 1, 23, odd_k, MatvecVariant::Auto)
             },
@@ -427,6 +428,64 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
             },
             ..glu_case(gpu, dtype, 7 * 32)
         },
+        // K split over workgroups (the last to finish adds the slices): uneven slices and a partial
+        // last row set, the residual added in place (f16), empty slices (16 workgroups over 5 blocks),
+        // with teams splitting each slice, two blocks in flight and prefetch, bias, the SwiGLU
+        // prologue; with the norm prologue the split must not be taken (the row's sum of squares).
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 3,
+                ..tune(4, 1, 1, false)
+            },
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 4,
+                ..tune(4, 1, 1, false)
+            },
+            fuse: Fuse {
+                residual: Residual::InPlace,
+                ..Fuse::default()
+            },
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 16,
+                ..tune(1, 2, 1, false)
+            },
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 2,
+                ..split(2, 2, 2, true)
+            },
+            bias: true,
+            ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 4,
+                ..tune(4, 1, 1, false)
+            },
+            fuse: Fuse::swiglu_in_place(),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, 7 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 4,
+                ..tune(4, 1, 1, false)
+            },
+            fuse: Fuse::norm(DType::F32),
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
         // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
         Case {
             tuning: tune(4, 2, 1, false),
@@ -533,9 +592,20 @@ fn run_matvec(
     let mut prog = Program::new();
     let ds = matvec_quant_tuned(gpu, &w, &x, &o, &opts, c.tuning)?;
     let staged = super::matvec::staging_label(&ds);
+    // K split over workgroups, as the kernel names it ("_kw4"): the label names what ran.
+    let kw = ds
+        .iter()
+        .find_map(|d| d.name.split("_kw").nth(1).map(|n| format!(" kw{n}")))
+        .unwrap_or_default();
     prog.extend(ds);
     let dispatches = prog.len();
     prog.run(gpu)?;
+    if !kw.is_empty() && c.fuse.residual != Residual::InPlace {
+        // Again into a poisoned output: the arrival counts must be back at zero for the last
+        // workgroup of each row set to write it.
+        gpu.poison(&o)?;
+        prog.run(gpu)?;
+    }
     let xs = &xv[c.x_offset..];
     let bias_v = c.bias.then_some(&bv[..]);
     // f32 accumulation: rounding error relative to sum |w x|.
@@ -580,6 +650,7 @@ fn run_matvec(
         if c.tuning.x_vec4 {
             name += " xq4";
         }
+        name += &kw;
     }
     if c.w_rows_before + c.x_offset > 0 {
         name += &format!(" w@row{} x@{}", c.w_rows_before, c.x_offset);

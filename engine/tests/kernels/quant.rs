@@ -113,10 +113,17 @@ fn quant_dp4a_specialisations_compile() {
                         ("GV4", "1"),
                         ("BU", "2"),
                     ],
-                    &["ALIGNED", "XV4", "PF", "XQ4", "KSPLIT"],
+                    &["ALIGNED", "XV4", "PF", "XQ4", "KSPLIT", "KWS"],
                 ) {
                     d.push(("BIAS", "0".into()));
                     d.push(("KT", k_teams(&d).into()));
+                    let kws = d.iter().any(|(k, v)| *k == "KWS" && v == "1");
+                    if kws && norm == "1" {
+                        // K split over workgroups is never built with the norm prologue.
+                        continue;
+                    }
+                    d.push(("KW", if kws { "4" } else { "1" }.into()));
+                    d.push(("SCR_B", "5".into()));
                     let words = to_spirv("matvec_quant_dp4a", src, &d);
                     // Walk the instructions after the 5-word header: word count in the high half.
                     let (mut i, mut sdot) = (5, false);
@@ -130,7 +137,7 @@ fn quant_dp4a_specialisations_compile() {
             }
         }
     }
-    assert_eq!(n, 3 * 2 * 3 * 32);
+    assert_eq!(n, 3 * 2 * (64 + 32 + 64));
     // The paired-row epilogues after the norm prologue: GLU (with bias) and RoPE (f16 caches, both
     // pairings), f16 output.
     for block in ["Q4_0", "Q4_1", "Q8_0"] {
@@ -152,12 +159,15 @@ fn quant_dp4a_specialisations_compile() {
             ) {
                 d.extend(paired_defines(glu));
                 d.push(("KT", k_teams(&d).into()));
+                d.push(("KW", "1".into()));
+                d.push(("KWS", "0".into()));
+                d.push(("SCR_B", "8".into()));
                 to_spirv("matvec_quant_dp4a", src, &d);
                 n += 1;
             }
         }
     }
-    assert_eq!(n, 3 * 2 * 3 * 32 + 3 * 2 * 16);
+    assert_eq!(n, 3 * 2 * (64 + 32 + 64) + 3 * 2 * 16);
 }
 
 /// The dp4a kernel's teams per row group for a define set: 4 where KSPLIT is on, else 1.
@@ -336,6 +346,7 @@ fn quant_matvec_bandwidth() {
                         prefetch: false,
                         k_teams: 0,
                         x_vec4: false,
+                        k_workgroups: 1,
                     };
                     let ds =
                         matvec_quant_tuned(gpu, &w, &x, &o, &MatvecOptions::default(), t).unwrap();

@@ -134,6 +134,7 @@ pub fn run_all(
                         prefetch: false,
                         k_teams: 0,
                         x_vec4: false,
+                        k_workgroups: 1,
                     };
                     let name = format!(
                         "sweep {dtype:?} {n}x{k} x {xdt:?} r{r} u{u} t{}",
@@ -163,21 +164,18 @@ pub fn run_all(
                 .collect::<drift_engine::Result<Vec<_>>>()?;
             let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
             let (x, o) = (act(&[1, k], io)?, act(&[1, n], io)?);
-            for (r, rg, u, pf, kt, xq4) in [
-                (2, 2, 1, false, 1, false),
-                (4, 1, 1, false, 1, false),
-                (4, 1, 1, false, 1, true),
-                (4, 2, 1, false, 1, false),
-                (4, 2, 1, false, 1, true),
-                (4, 1, 2, false, 1, true),
-                (4, 1, 1, true, 1, true),
-                (4, 1, 1, false, 2, false),
-                (4, 1, 1, false, 4, false),
-                (4, 1, 1, false, 4, true),
-                (4, 1, 1, false, 8, false),
-                (2, 1, 1, false, 4, false),
-                (2, 1, 1, false, 8, true),
-                (1, 1, 1, false, 8, false),
+            // (rows per team, row groups, blocks in flight, prefetch, teams per row, x as vec4
+            // planes, workgroups per row set)
+            for (r, rg, u, pf, kt, xq4, kw) in [
+                (4, 1, 1, false, 1, false, 1),
+                (4, 2, 1, false, 1, false, 1),
+                (4, 1, 1, false, 1, false, 2),
+                (4, 1, 1, false, 1, false, 4),
+                (4, 1, 1, false, 1, false, 8),
+                (4, 1, 1, false, 2, false, 4),
+                (2, 1, 1, false, 1, false, 4),
+                (4, 1, 2, false, 1, false, 4),
+                (4, 2, 1, false, 1, false, 4),
             ] {
                 let tuning = QuantTuning {
                     rows_per_team: r,
@@ -186,10 +184,11 @@ pub fn run_all(
                     prefetch: pf,
                     k_teams: kt,
                     x_vec4: xq4,
+                    k_workgroups: kw,
                     ..QuantTuning::default()
                 };
                 let name = format!(
-                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{} kt{kt}{}",
+                    "dp4asweep {dtype:?} {n}x{k} r{r} rg{rg} u{u} pf{} kt{kt}{} kw{kw}",
                     u8::from(pf),
                     if xq4 { " xq4" } else { "" }
                 );
