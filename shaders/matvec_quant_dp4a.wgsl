@@ -20,8 +20,9 @@
 // KW > 1 (KWS) also splits each row's blocks over KW workgroups (products of few rows: more
 // workgroups, each quantizing only its own slice of x). A workgroup writes its rows' partial sums to
 // `kw_scr` and counts itself in; the last of the KW to arrive adds the KW partials in slice order
-// (the result does not depend on arrival order), applies the epilogue and resets the count. Not with
-// NORM (its sum of squares needs the whole row) or the paired-row epilogues.
+// (the result does not depend on arrival order), applies the epilogue and resets the count. With
+// NORM each workgroup also leaves its slice's sum of x^2, which the last one adds up for the scale;
+// the paired-row epilogues run in the last workgroup, which then holds all of the row set's sums.
 //
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED (dequant.wgsl); TX / TO, F16, R (rows per team), RG, KT
 // (teams per row group) and KSPLIT (KT > 1), KW / KWS / SCR_B, XQ4 (x's layout), BU
@@ -55,12 +56,17 @@ const KW = {{KW}}u;
 
 #if KWS
 // Row sets' arrival counts (set i at i, zero between dispatches), then each row's KW partial sums
-// (row r's slice j at nsets + r KW + j, f32 bits).
+// (row r's slice j at nsets + r KW + j, f32 bits), then (NORM) each set's slices' sums of x^2 (set
+// i's slice j at nsets + rows KW + i KW + j).
 @group(0) @binding({{SCR_B}}) var<storage, read_write> kw_scr: array<atomic<u32>>;
 var<workgroup> kw_last: u32;
 
 fn kw_part(row: u32, j: u32) -> u32 {
     return (p.rows + RPW - 1u) / RPW + row * KW + j;
+}
+
+fn kw_sq(row_set: u32, j: u32) -> u32 {
+    return (p.rows + RPW - 1u) / RPW + (p.rows + row_set) * KW + j;
 }
 #endif
 
@@ -321,26 +327,41 @@ fn matvec(
 #endif
 #if KWS
     // Every partial before the count (release); the last workgroup of the row set adds them.
+#if NORM
+    if lid == 0u {
+        atomicStore(&kw_scr[kw_sq(wgi / KW, wgi % KW)], bitcast<u32>(sumsq));
+    }
+#endif
     storageBarrier();
     if lid == 0u {
         kw_last = u32(atomicAdd(&kw_scr[wgi / KW], 1u) == KW - 1u);
     }
     if workgroupUniformLoad(&kw_last) == 1u {
         storageBarrier();
+        var sq_all = 0.0;
+#if NORM
+        for (var j = 0u; j < KW; j++) {
+            sq_all += bitcast<f32>(atomicLoad(&kw_scr[kw_sq(wgi / KW, j)]));
+        }
+#endif
         if lid < RPW && wg_first + lid < p.rows {
             var s = 0.0;
             for (var j = 0u; j < KW; j++) {
                 s += bitcast<f32>(atomicLoad(&kw_scr[kw_part(wg_first + lid, j)]));
             }
-            write_out(wg_first + lid, 0u, s);
+            finish_total(wg_first, lid, s, sq_all);
         }
         if lid == 0u {
             atomicStore(&kw_scr[wgi / KW], 0u);
         }
-    }
+#if PAIRS
+        pair_finish(wg_first, lid);
 #endif
+    }
+#else
 #if PAIRS
     pair_finish(wg_first, lid);
+#endif
 #endif
 }
 
@@ -351,6 +372,13 @@ fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32, slice: u32) {
 #if KWS
     atomicStore(&kw_scr[kw_part(wg_first + rr, slice)], bitcast<u32>(s));
 #else
+    finish_total(wg_first, rr, s, sumsq);
+#endif
+}
+
+// Row rr's whole sum s (and with NORM the input's sum of squares): its output, or its value kept for
+// the paired-row epilogue.
+fn finish_total(wg_first: u32, rr: u32, s: f32, sumsq: f32) {
 #if NORM
     let red = vec2<f32>(s, sumsq);
 #else
@@ -360,7 +388,6 @@ fn finish_row(wg_first: u32, rr: u32, s: f32, sumsq: f32, slice: u32) {
     pair_keep(rr, weight_row(wg_first, rr), red);
 #else
     write_out(wg_first + rr, 0u, red);
-#endif
 #endif
 }
 

@@ -114,8 +114,7 @@ pub struct QuantTuning {
     pub x_vec4: bool,
     /// Integer-dot-product kernel: workgroups sharing each row set, each taking 1 / k_workgroups of
     /// the row's blocks (and quantizing only that slice of x), the last to finish adding the slices
-    /// (1..=16; 0 = automatic, see [`quant_dp4a::k_workgroups`]). Products with the norm prologue or
-    /// a paired-row epilogue keep 1.
+    /// (1..=16; 0 = automatic, see [`quant_dp4a::k_workgroups`]; never with the RoPE epilogue).
     pub k_workgroups: u32,
 }
 
@@ -474,7 +473,7 @@ pub fn matvec_quant_shards_tuned(
         // The dp4a kernel stages its own (int8) input; with K split over workgroups its scratch
         // (arrival counts and partial sums) is bound after the fusion tensors.
         let kw = if dp4a {
-            quant_dp4a::k_workgroups(tuning.k_workgroups, opts)
+            quant_dp4a::k_workgroups(tuning.k_workgroups, sh.tensor.shape[0], k, opts)
         } else {
             1
         };
@@ -525,8 +524,9 @@ pub fn matvec_quant_shards_tuned(
         tensors.extend(&fusion.tensors);
         let scratch;
         if kw > 1 {
-            // Zero counts (the kernel leaves them zero), then the partial sums.
-            let words = groups as usize + rows * kw as usize;
+            // Zero counts (the kernel leaves them zero), the partial sums and the slices' sums of
+            // squares (norm prologue).
+            let words = groups as usize * (1 + kw as usize) + rows * kw as usize;
             scratch = gpu.tensor_from_bytes(
                 "matvec split-K partials",
                 &[words],

@@ -431,7 +431,8 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
         // K split over workgroups (the last to finish adds the slices): uneven slices and a partial
         // last row set, the residual added in place (f16), empty slices (16 workgroups over 5 blocks),
         // with teams splitting each slice, two blocks in flight and prefetch, bias, the SwiGLU
-        // prologue; with the norm prologue the split must not be taken (the row's sum of squares).
+        // prologue, the norm prologue (the slices' sums of squares meet too) and the GLU pairing
+        // (run by the last workgroup).
         Case {
             tuning: QuantTuning {
                 k_workgroups: 3,
@@ -484,7 +485,17 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
                 ..tune(4, 1, 1, false)
             },
             fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
             ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                k_workgroups: 3,
+                ..tune(4, 2, 1, false)
+            },
+            out_dtype: DType::F32,
+            ..glu_case(gpu, dtype, long_k)
         },
         // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
         Case {
