@@ -75,6 +75,19 @@ impl Gpu {
         })
     }
 
+    /// A u32 tensor of `words` zeros: the scratch of kernels whose workgroups count their arrivals
+    /// (the last to arrive merges the others' partial results and sets its count back to zero).
+    pub fn arrival_scratch(&self, label: &str, words: usize) -> Result<Tensor> {
+        self.tensor_from_bytes(
+            label,
+            &[words],
+            DType::U32,
+            Layout::RowMajor,
+            &vec![0u8; words * 4],
+            Category::Activations,
+        )
+    }
+
     /// A tensor holding `bytes` (already in `dtype`'s encoding and `layout`).
     pub fn tensor_from_bytes(
         &self,

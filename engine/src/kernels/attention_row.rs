@@ -13,8 +13,7 @@ use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
 use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, unrolled, vec4_ok};
 use crate::kernels::{KernelSpec, grid};
-use crate::memory::Category;
-use crate::tensor::{DType, Layout, Tensor};
+use crate::tensor::Tensor;
 use crate::{shader, shape_err};
 
 /// The kernel with the bindings it shares with the prefill kernel appended.
@@ -202,14 +201,7 @@ pub(crate) fn decode_row(
     let mut tensors = vec![q, k, v, step, out];
     if ch > 1 {
         let words = rows + rows * ch * (d + 2);
-        scratch = gpu.tensor_from_bytes(
-            "attention row shares",
-            &[words],
-            DType::U32,
-            Layout::RowMajor,
-            &vec![0u8; words * 4],
-            Category::Activations,
-        )?;
+        scratch = gpu.arrival_scratch("attention row shares", words)?;
         tensors.push(&scratch);
     }
     gpu.dispatch(

@@ -18,7 +18,6 @@ use crate::kernels::matvec::{
     matvec_cost,
 };
 use crate::kernels::{KernelSpec, grid, quant_dp4a};
-use crate::memory::Category;
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
 
@@ -527,14 +526,7 @@ pub fn matvec_quant_shards_tuned(
             // Zero counts (the kernel leaves them zero), the partial sums and the slices' sums of
             // squares (norm prologue).
             let words = groups as usize * (1 + kw as usize) + rows * kw as usize;
-            scratch = gpu.tensor_from_bytes(
-                "matvec split-K partials",
-                &[words],
-                DType::U32,
-                Layout::RowMajor,
-                &vec![0u8; words * 4],
-                Category::Activations,
-            )?;
+            scratch = gpu.arrival_scratch("matvec split-K partials", words)?;
             tensors.push(&scratch);
         }
         let cost = matvec_cost(sh.tensor.storage.len, batch, rows, k, x, out, opts);
