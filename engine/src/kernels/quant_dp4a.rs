@@ -94,10 +94,12 @@ pub(crate) fn spec(
 }
 
 /// Workgroups sharing each row set, for `requested` = 0 (automatic) or the number asked for, on a
-/// product of `rows` rows of width `k`. Automatic: 2 for long rows of few row sets (the K = 14336
-/// down projection of an 8B model: 4096 rows are 128 workgroups of 32, each quantizing 448 blocks of
-/// x first), else 1. On the H200 (`--filter dp4asweep`, 2026-12-01) 4096x14336 Q4_0 took 25.6 us
-/// with 1, 21.7 with 2, 22.9 with 4; 4096x4096 13.5 / 13.7 / 13.6 and 14336x4096 21.6 / 26.4 / 31.1.
+/// product of `rows` rows of width `k`. Automatic: 2 for products of few row sets and rows of at
+/// least 4096 (the O and down projections of an 8B model: 4096 rows are 128 workgroups of 32, each
+/// quantizing all of x first), else 1. On the H200 (`--filter dp4asweep`, 2026-12-01) 4096x14336
+/// Q4_0 took 25.6 us with 1, 21.7 with 2, 22.9 with 4; 4096x4096 13.5 / 13.7 / 13.6 and 14336x4096
+/// 21.6 / 26.4 / 31.1; in the 8B Q4_0 model splitting O as well as down gave 371.2 tok/s against
+/// 362.7 for down alone.
 /// Not with the RoPE epilogue, whose bindings (weight, input, output, norm, both caches, step,
 /// frequencies) leave no room for the scratch.
 pub(crate) fn k_workgroups(requested: u32, rows: usize, k: usize, opts: &MatvecOptions) -> u32 {
@@ -105,7 +107,7 @@ pub(crate) fn k_workgroups(requested: u32, rows: usize, k: usize, opts: &MatvecO
         return 1;
     }
     match requested {
-        0 if k >= 8192 && rows <= 8192 => 2,
+        0 if k >= 4096 && rows <= 8192 => 2,
         0 => 1,
         n => n,
     }
@@ -146,7 +148,8 @@ mod tests {
     fn k_split_over_workgroups_for_long_rows_of_few_row_sets() {
         let plain = MatvecOptions::default();
         assert_eq!(k_workgroups(0, 4096, 14336, &plain), 2); // Llama 3 8B down
-        assert_eq!(k_workgroups(0, 4096, 4096, &plain), 1); // its O
+        assert_eq!(k_workgroups(0, 4096, 4096, &plain), 2); // its O
+        assert_eq!(k_workgroups(0, 2048, 2048, &plain), 1); // Llama 3.2 1B's O
         assert_eq!(k_workgroups(0, 28672, 4096, &plain), 1); // its gate-up
         assert_eq!(k_workgroups(0, 128256, 4096, &plain), 1); // its LM head
         assert_eq!(k_workgroups(4, 4096, 4096, &plain), 4); // asked for
