@@ -297,3 +297,17 @@ fn row_bodies(l: &RowLanes) -> Vec<(&'static str, String)> {
         ("ACC_STORE", acc_store),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_programs_deal_keys_over_more_workgroups_as_the_cache_grows() {
+        assert_eq!(long_row_chunks(2048), 4);
+        assert_eq!(long_row_chunks(8192), 4);
+        assert_eq!(long_row_chunks(16384), 8);
+        assert_eq!(long_row_chunks(32768), 16);
+        assert_eq!(long_row_chunks(131072), 16);
+    }
+}
