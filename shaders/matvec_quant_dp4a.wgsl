@@ -326,37 +326,40 @@ fn matvec(
     }
 #endif
 #if KWS
-    // Every partial before the count (release); the last workgroup of the row set adds them.
+    // Padding workgroups of a 2D grid (past the last row set) take no part.
+    if wg_first < p.rows {
+        // Every partial before the count (release); the last workgroup of the row set adds them.
 #if NORM
-    if lid == 0u {
-        atomicStore(&kw_scr[kw_sq(wgi / KW, wgi % KW)], bitcast<u32>(sumsq));
-    }
-#endif
-    storageBarrier();
-    if lid == 0u {
-        kw_last = u32(atomicAdd(&kw_scr[wgi / KW], 1u) == KW - 1u);
-    }
-    if workgroupUniformLoad(&kw_last) == 1u {
-        storageBarrier();
-        var sq_all = 0.0;
-#if NORM
-        for (var j = 0u; j < KW; j++) {
-            sq_all += bitcast<f32>(atomicLoad(&kw_scr[kw_sq(wgi / KW, j)]));
-        }
-#endif
-        if lid < RPW && wg_first + lid < p.rows {
-            var s = 0.0;
-            for (var j = 0u; j < KW; j++) {
-                s += bitcast<f32>(atomicLoad(&kw_scr[kw_part(wg_first + lid, j)]));
-            }
-            finish_total(wg_first, lid, s, sq_all);
-        }
         if lid == 0u {
-            atomicStore(&kw_scr[wgi / KW], 0u);
+            atomicStore(&kw_scr[kw_sq(wgi / KW, wgi % KW)], bitcast<u32>(sumsq));
         }
-#if PAIRS
-        pair_finish(wg_first, lid);
 #endif
+        storageBarrier();
+        if lid == 0u {
+            kw_last = u32(atomicAdd(&kw_scr[wgi / KW], 1u) == KW - 1u);
+        }
+        if workgroupUniformLoad(&kw_last) == 1u {
+            storageBarrier();
+            var sq_all = 0.0;
+#if NORM
+            for (var j = 0u; j < KW; j++) {
+                sq_all += bitcast<f32>(atomicLoad(&kw_scr[kw_sq(wgi / KW, j)]));
+            }
+#endif
+            if lid < RPW && wg_first + lid < p.rows {
+                var s = 0.0;
+                for (var j = 0u; j < KW; j++) {
+                    s += bitcast<f32>(atomicLoad(&kw_scr[kw_part(wg_first + lid, j)]));
+                }
+                finish_total(wg_first, lid, s, sq_all);
+            }
+            if lid == 0u {
+                atomicStore(&kw_scr[wgi / KW], 0u);
+            }
+#if PAIRS
+            pair_finish(wg_first, lid);
+#endif
+        }
     }
 #else
 #if PAIRS
