@@ -603,9 +603,9 @@ mod tests {
         }
     }
 
-    /// Generation that crosses the one-pass attention's KV limit (the encoder switches to the chunked program mid
-    /// reply, also inside a batch of steps) gives the split attention's tokens, as does the one-pass
-    /// attention throughout.
+    /// Generation that crosses the one-pass attention's KV limit (the encoder switches to the chunked
+    /// program mid reply, also inside a batch of steps) gives the split attention's tokens, as does
+    /// the one-pass attention throughout.
     #[test]
     fn switching_decode_attention_mid_reply_keeps_the_tokens() {
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();

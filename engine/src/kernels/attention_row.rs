@@ -53,7 +53,7 @@ pub fn row_max_kv() -> usize {
 
 /// Invocations per workgroup the variant aims for (8 subgroups of 32) at head dims over 64, and twice
 /// that at 64 and below, where a lane holds fewer registers per key (`DRIFT_ATTENTION_ROW_THREADS` =
-/// 128..1024 overrides both). On the H200 (2026-11-30): 512 gave Llama 3.2 1B decode 927.5 tok/s
+/// 64..1024, a power of two, overrides both). On the H200 (2026-11-30): 512 gave Llama 3.2 1B decode 927.5 tok/s
 /// against 922.0 at 256 and SmolLM2-135M 1100.3 against 1080.4; Llama 3.1 8B (D = 128) 340.8 against
 /// 344.0; 1024 was slower on all three in the kernel benchmark.
 const THREADS: u32 = 256;

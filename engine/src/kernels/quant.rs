@@ -130,12 +130,24 @@ impl Default for QuantTuning {
             prefetch: false,
             k_teams: 0,
             x_vec4: std::env::var_os("DRIFT_DP4A_XQ4").is_some_and(|v| v == "1"),
-            k_workgroups: std::env::var("DRIFT_DP4A_KW")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
+            k_workgroups: k_workgroups_from_env(),
         }
         .with_env_override()
+    }
+}
+
+/// `DRIFT_DP4A_KW=N` (1..=16) forces the integer-dot-product kernel's workgroups per row set (A/B
+/// runs); unset, or a value out of range (reported), leaves the automatic choice (0).
+fn k_workgroups_from_env() -> u32 {
+    let Ok(v) = std::env::var("DRIFT_DP4A_KW") else {
+        return 0;
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n) if (1..=16).contains(&n) => n,
+        _ => {
+            log::warn!("DRIFT_DP4A_KW={v:?} ignored: expected 1 to 16");
+            0
+        }
     }
 }
 

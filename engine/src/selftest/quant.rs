@@ -351,6 +351,11 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
         k_teams: kt,
         ..tune(r, 1, bu, pf)
     };
+    // K split over `kw` workgroups on top of a tuning.
+    let kws = |kw, t: QuantTuning| QuantTuning {
+        k_workgroups: kw,
+        ..t
+    };
     // 4 * 32 + 13 blocks: whole steps of 4 x 32 lanes and a remainder; 5 blocks: most lanes idle.
     let long_k = (4 * 32 + 13) * 32;
     vec![
@@ -434,17 +439,11 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
         // prologue, the norm prologue (the slices' sums of squares meet too) and the GLU pairing
         // (run by the last workgroup).
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 3,
-                ..tune(4, 1, 1, false)
-            },
+            tuning: kws(3, tune(4, 1, 1, false)),
             ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 4,
-                ..tune(4, 1, 1, false)
-            },
+            tuning: kws(4, tune(4, 1, 1, false)),
             fuse: Fuse {
                 residual: Residual::InPlace,
                 ..Fuse::default()
@@ -454,46 +453,31 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
             ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 16,
-                ..tune(1, 2, 1, false)
-            },
+            tuning: kws(16, tune(1, 2, 1, false)),
             w_rows_before: 1,
             ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 2,
-                ..split(2, 2, 2, true)
-            },
+            tuning: kws(2, split(2, 2, 2, true)),
             bias: true,
             ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 4,
-                ..tune(4, 1, 1, false)
-            },
+            tuning: kws(4, tune(4, 1, 1, false)),
             fuse: Fuse::swiglu_in_place(),
             x_dtype: io,
             out_dtype: io,
             ..Case::new(dtype, 1, 37, 7 * 32, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 4,
-                ..tune(4, 1, 1, false)
-            },
+            tuning: kws(4, tune(4, 1, 1, false)),
             fuse: Fuse::norm(DType::F32),
             x_dtype: io,
             out_dtype: io,
             ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
         },
         Case {
-            tuning: QuantTuning {
-                k_workgroups: 3,
-                ..tune(4, 2, 1, false)
-            },
+            tuning: kws(3, tune(4, 2, 1, false)),
             out_dtype: DType::F32,
             ..glu_case(gpu, dtype, long_k)
         },
