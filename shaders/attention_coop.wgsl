@@ -114,6 +114,9 @@ const QP: u32 = DPC + 2u;   // tiles.q, K and tiles.v rows (vec4<f16>)
 const SP: u32 = BK + 4u;    // tiles.s rows (f32)
 const PP: u32 = BK / 4u + 2u; // probability rows (vec4<f16>)
 const KPS: u32 = {{KPS}}u;   // max(BK * QP, BQ * PP)
+const DPH: u32 = DP / 2u;   // (debug plain_pv) columns per lane
+const PVP: u32 = BK / 4u + 2u; // (debug VT) transposed V rows (vec4<f16>)
+const VS: u32 = {{VS}}u;
 // Masked scores: finite, so no inf - inf appears; real scores are far larger.
 const NEG: f32 = -1.0e30;
 const NEG_HALF: f32 = -5.0e29;
@@ -127,7 +130,7 @@ struct Tiles {
     @align(16) q: array<vec4<f16>, BQ * QP>,  // Q rows, unscaled
     // The K tile [key][dim]; once the scores are computed, the probabilities [row][key] (rows PP apart).
     @align(16) kp: array<vec4<f16>, KPS>,
-    @align(16) v: array<vec4<f16>, BK * QP>,  // V tile [key][dim]
+    @align(16) v: array<vec4<f16>, VS>,  // V tile [key][dim] (VT: [dim][key])
     @align(16) s: array<f32, BQ * SP>,        // scores; O chunks in the round trips
 }
 var<workgroup> tiles: Tiles;
@@ -162,7 +165,11 @@ fn load_k_b(o: u32) -> MatB {
 // B = V: tiles.v holds [key][dim] row-major.
 fn load_v_b(o: u32) -> MatB {
     let at = o;
+#if VT
+    return coopLoad<MatB>(&tiles.v[at], PVP);
+#else
     return coopLoadT<MatB>(&tiles.v[at], QP);
+#endif
 }
 
 // 16x16 f32 at tiles.s[o], rows SP apart.
@@ -227,7 +234,11 @@ fn load_v_b(o: u32) -> MatB {
     for (var kk = 0u; kk < 16u; kk++) {
         for (var c = 0u; c < 8u; c++) {
             let n = c0 + c;
+#if VT
+            b.v[kk * 8u + c] = f32(tiles.v[o + n * PVP + kk / 4u][kk % 4u]);
+#else
             b.v[kk * 8u + c] = f32(tiles.v[o + kk * QP + n / 4u][n % 4u]);
+#endif
         }
     }
     return b;
@@ -261,6 +272,15 @@ fn load_c(o: u32) -> MatC {
     return c;
 }
 #endif
+
+// V[key][col] from the staged tile (debug plain_pv).
+fn vt_read(key: u32, col: u32) -> f16 {
+#if VT
+    return tiles.v[col * PVP + key / 4u][key % 4u];
+#else
+    return tiles.v[key * QP + col / 4u][col % 4u];
+#endif
+}
 
 // The value of the same variable in the partner lane (the other half of the row).
 fn partner(x: f32, role: u32) -> f32 {
@@ -337,11 +357,15 @@ fn attention_coop(
     let bh = g / p.tiles;
     let hk = bh % p.hkv;
     let b = bh / p.hkv;
+#if LID_ROLE
+    let role = lid;
+#else
 #if SG
     // With COOP, subgroups are 32 wide: w is the hardware subgroup that runs the matrix ops.
     let role = sg_id * sg_size + sg_lane;
 #else
     let role = lid;
+#endif
 #endif
     let w = role / 32u;
     let lane = role % 32u;
@@ -399,7 +423,15 @@ fn attention_coop(
             let e = lid + i * WG;
             if e < BK * DPC {
                 tiles.kp[(e / DPC) * QP + e % DPC] = kr[i];
+#if VT
+                let key = e / DPC;
+                let dim = (e % DPC) * 4u;
+                for (var t = 0u; t < 4u; t++) {
+                    tiles.v[(dim + t) * PVP + key / 4u][key % 4u] = vr[i][t];
+                }
+#else
                 tiles.v[(e / DPC) * QP + e % DPC] = vr[i];
+#endif
             }
         }
         workgroupBarrier();

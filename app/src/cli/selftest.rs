@@ -9,12 +9,24 @@ pub struct SelftestArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     json: bool,
+    /// Run one family of checks only (elementwise, matmul, matvec, softmax, norm, rope, qkv_rope,
+    /// attention, conv, embedding, layout, quant, sample).
+    #[arg(long, value_name = "FAMILY")]
+    only: Option<String>,
 }
 
 pub fn run(options: &GpuOptions, args: &SelftestArgs) -> Result<()> {
+    if let Some(f) = &args.only
+        && !selftest::FAMILIES.contains(&f.as_str())
+    {
+        bail!(
+            "unknown check family '{f}' (one of: {})",
+            selftest::FAMILIES.join(", ")
+        );
+    }
     let gpu = Gpu::new(options)?;
     let (mut rng, seed) = selftest::rng();
-    let checks = selftest::run_all(&gpu, &mut rng)?;
+    let checks = selftest::run_families(&gpu, &mut rng, args.only.as_deref())?;
     let failed = checks.iter().filter(|c| !c.passed).count();
     if args.json {
         println!(

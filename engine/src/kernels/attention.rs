@@ -193,7 +193,17 @@ pub fn attention(
         )
         .map(|d| vec![d])
     };
-    match resolve_variant(&dims, opts) {
+    let mut variant = resolve_variant(&dims, opts);
+    // `DRIFT_ATTENTION_COOP=1`: Auto's prefill cases on the cooperative kernel where it can run (A/B
+    // timing of the experimental kernel on the target GPU).
+    if opts.variant == AttentionVariant::Auto
+        && variant == AttentionVariant::Prefill
+        && std::env::var_os("DRIFT_ATTENTION_COOP").is_some_and(|v| v == "1")
+        && attention_coop::coop_usable(&gpu.caps, q, k, dims.d)
+    {
+        variant = AttentionVariant::Coop;
+    }
+    match variant {
         AttentionVariant::Decode => decode(gpu, q, k, v, out, step, &dims, scale, opts),
         AttentionVariant::DecodeRow => Ok(vec![attention_row::decode_row(
             gpu,

@@ -116,6 +116,49 @@ pub struct CoopConfig {
     pub vec_kv: bool,
     pub vec_out: bool,
     pub out_f16: bool,
+    /// Bisection switches for the H200 fault (`DRIFT_COOP_ATTENTION_DEBUG`).
+    pub debug: CoopDebug,
+}
+
+/// Bisection switches (`DRIFT_COOP_ATTENTION_DEBUG=plain_s,plain_pv,no_rescale,lid_role,vt`): parts of
+/// the real kernel replaced by plain per-lane code or other forms, to find which part goes wrong.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoopDebug {
+    pub plain_s: bool,
+    pub plain_pv: bool,
+    pub no_rescale: bool,
+    pub lid_role: bool,
+    pub vt: bool,
+}
+
+impl CoopDebug {
+    pub fn from_env() -> CoopDebug {
+        let v = std::env::var("DRIFT_COOP_ATTENTION_DEBUG").unwrap_or_default();
+        let has = |k: &str| v.split(',').any(|x| x.trim() == k);
+        CoopDebug {
+            plain_s: has("plain_s"),
+            plain_pv: has("plain_pv"),
+            no_rescale: has("no_rescale"),
+            lid_role: has("lid_role"),
+            vt: has("vt"),
+        }
+    }
+
+    fn tag(&self) -> String {
+        let mut t = String::new();
+        for (on, n) in [
+            (self.plain_s, "_ps"),
+            (self.plain_pv, "_ppv"),
+            (self.no_rescale, "_nr"),
+            (self.lid_role, "_lr"),
+            (self.vt, "_vt"),
+        ] {
+            if on {
+                t.push_str(n);
+            }
+        }
+        t
+    }
 }
 
 impl CoopConfig {
@@ -140,14 +183,22 @@ impl CoopConfig {
             ("G", self.g.to_string()),
             ("LOADS", loads.to_string()),
             ("CAUSAL", flag(self.causal)),
+            ("LID_ROLE", flag(self.debug.lid_role)),
+            ("VT", flag(self.debug.vt)),
+            (
+                "VS",
+                (t.keys * t.qp(self.d))
+                    .max(dp * (t.keys / 4 + 2))
+                    .to_string(),
+            ),
         ];
-        defs.extend(bodies(dp / 16, t.keys / 16, self.coop));
+        defs.extend(bodies(dp / 16, t.keys / 16, self.coop, &self.debug));
         defs
     }
 
     fn name(&self) -> String {
         format!(
-            "attention_{}_d{}_{}x{}_{}{}{}",
+            "attention_{}_d{}_{}x{}_{}{}{}{}",
             if self.coop { "coop" } else { "coop_emulated" },
             self.d,
             self.tile.query_rows(),
@@ -155,6 +206,7 @@ impl CoopConfig {
             if self.out_f16 { "h" } else { "f" },
             if self.causal { "_causal" } else { "" },
             if self.subgroups { "_sg" } else { "" },
+            self.debug.tag(),
         )
     }
 }
@@ -164,7 +216,7 @@ impl CoopConfig {
 /// matrices (`coop`) the accumulators start as `var x = MatC();` and the products call
 /// coopMultiplyAdd directly, the forms the cooperative matmul uses on the H200 (no matrix-valued
 /// function returns of a zero value, no A/B matrices passed as function parameters).
-fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
+fn bodies(nd: usize, nk: usize, coop: bool, dbg: &CoopDebug) -> Vec<(&'static str, String)> {
     let mma = if coop { "coopMultiplyAdd" } else { "mma" };
     let decl = (0..nd)
         .map(|i| format!("    var o{i} = MatC();\n"))
@@ -253,6 +305,33 @@ fn bodies(nd: usize, nk: usize, coop: bool) -> Vec<(&'static str, String)> {
         .collect::<String>()
         .trim_end()
         .to_string();
+    let (mut decl, mut s, mut pv, mut rescale, mut store) = (decl, s, pv, rescale, store);
+    if dbg.vt {
+        pv = unrolled(nk, |kk| {
+            let mmas: String = (0..nd)
+                .map(|c| {
+                    format!(
+                        " o{c} = {mma}(a, load_v_b({}u * PVP + {}u), o{c});",
+                        16 * c,
+                        4 * kk
+                    )
+                })
+                .collect();
+            format!("{{ let a = load_p_a(w * 16u * PP + {}u);{mmas} }}", 4 * kk)
+        });
+    }
+    if dbg.plain_s {
+        s = "            for (var kk = h * (BK / 2u); kk < (h + 1u) * (BK / 2u); kk++) { var acc = 0.0; for (var c = 0u; c < DPC; c++) { acc += dot(vec4<f32>(tiles.q[(w * 16u + row_l) * QP + c]), vec4<f32>(tiles.kp[kk * QP + c])); } tiles.s[srow + kk] = acc; }".into();
+    }
+    if dbg.plain_pv {
+        decl = "    var oacc: array<f32, DPH>;".into();
+        pv = "            for (var kk = 0u; kk < BK; kk++) { let pk = f32(tiles.kp[prow + kk / 4u][kk % 4u]); for (var j = 0u; j < DPH; j++) { let col = h * DPH + j; oacc[j] += pk * f32(vt_read(kk, col)); } }".into();
+        rescale = "            for (var j = 0u; j < DPH; j++) { oacc[j] *= alpha; }".into();
+        store = "    if live { for (var j = 0u; j < DPH; j += 4u) { let col = h * DPH + j; if col < D { store_out(o_row + col, vec4<f32>(oacc[j], oacc[j + 1u], oacc[j + 2u], oacc[j + 3u]) * inv); } } }".into();
+    }
+    if dbg.no_rescale {
+        rescale = String::new();
+    }
     vec![
         ("DECL_O", decl),
         ("S_BODY", s),
@@ -344,6 +423,7 @@ pub(crate) fn coop(
         vec_kv: vec4_ok(k) && vec4_ok(v),
         vec_out: vec4_ok(out),
         out_f16: out.dtype == DType::F16,
+        debug: CoopDebug::from_env(),
     };
     let spec = KernelSpec::new(
         config.name(),
@@ -411,12 +491,12 @@ mod tests {
     #[test]
     fn generated_blocks_name_every_accumulator() {
         // D = 40 -> 3 output accumulators; 32 keys -> 2 score accumulators, so 2 round-trip chunks.
-        let b = bodies(3, 2, false);
+        let b = bodies(3, 2, false, &CoopDebug::default());
         let get = |k: &str| b.iter().find(|(n, _)| *n == k).unwrap().1.clone();
         assert_eq!(get("DECL_O").matches("MatC()").count(), 3);
         assert_eq!(get("S_BODY").matches(" mma(").count(), 6);
         assert_eq!(get("PV_BODY").matches(" mma(").count(), 6);
-        let real = bodies(3, 2, true);
+        let real = bodies(3, 2, true, &CoopDebug::default());
         let get = |k: &str| real.iter().find(|(n, _)| *n == k).unwrap().1.clone();
         assert_eq!(get("S_BODY").matches("coopMultiplyAdd(").count(), 6);
         assert_eq!(get("PV_BODY").matches(" mma(").count(), 0);

@@ -213,10 +213,14 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         ]);
     }
     cases.extend(row_cases(gpu));
-    if coop_available(&gpu.caps)
-        && std::env::var_os("DRIFT_SELFTEST_COOP_ATTENTION").is_some_and(|v| v == "1")
-    {
-        cases.extend(coop_cases(AttentionVariant::Coop));
+    if std::env::var_os("DRIFT_SELFTEST_COOP_ATTENTION").is_some_and(|v| v == "1") {
+        // The emulated kernel too, as the control for the real one.
+        if gpu.caps.f16 {
+            cases.extend(coop_cases(AttentionVariant::CoopEmulated));
+        }
+        if coop_available(&gpu.caps) {
+            cases.extend(coop_cases(AttentionVariant::Coop));
+        }
     }
     let mut out = Vec::new();
     for case in &cases {

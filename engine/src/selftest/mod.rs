@@ -146,19 +146,49 @@ pub fn store_rtol(dtype: DType) -> f64 {
 
 /// Every family's checks.
 pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
+    run_families(gpu, rng, None)
+}
+
+/// The names of the check families, in the order [`run_all`] runs them.
+pub const FAMILIES: [&str; 13] = [
+    "elementwise",
+    "matmul",
+    "matvec",
+    "softmax",
+    "norm",
+    "rope",
+    "qkv_rope",
+    "attention",
+    "conv",
+    "embedding",
+    "layout",
+    "quant",
+    "sample",
+];
+
+/// The checks of one family (`only`, a name from [`FAMILIES`]) or of all.
+pub fn run_families(gpu: &Gpu, rng: &mut Rng, only: Option<&str>) -> Result<Vec<Check>> {
+    type Family = fn(&Gpu, &mut Rng) -> Result<Vec<Check>>;
+    let families: [Family; 13] = [
+        elementwise::checks,
+        matmul::checks,
+        matvec::checks,
+        softmax::checks,
+        norm::checks,
+        rope::checks,
+        qkv_rope::checks,
+        attention::checks,
+        conv::checks,
+        embedding::checks,
+        layout::checks,
+        quant::checks,
+        sample::checks,
+    ];
     let mut all = Vec::new();
-    all.extend(elementwise::checks(gpu, rng)?);
-    all.extend(matmul::checks(gpu, rng)?);
-    all.extend(matvec::checks(gpu, rng)?);
-    all.extend(softmax::checks(gpu, rng)?);
-    all.extend(norm::checks(gpu, rng)?);
-    all.extend(rope::checks(gpu, rng)?);
-    all.extend(qkv_rope::checks(gpu, rng)?);
-    all.extend(attention::checks(gpu, rng)?);
-    all.extend(conv::checks(gpu, rng)?);
-    all.extend(embedding::checks(gpu, rng)?);
-    all.extend(layout::checks(gpu, rng)?);
-    all.extend(quant::checks(gpu, rng)?);
-    all.extend(sample::checks(gpu, rng)?);
+    for (name, family) in FAMILIES.iter().zip(families) {
+        if only.is_none_or(|o| o == *name) {
+            all.extend(family(gpu, rng)?);
+        }
+    }
     Ok(all)
 }

@@ -70,6 +70,7 @@ fn attention_coop_compiles_to_spirv() {
                 vec_kv: on(4),
                 vec_out: on(5),
                 out_f16: on(6),
+                debug: Default::default(),
             };
             // Real matrices always run with subgroups of 32.
             if config.coop && !config.subgroups {
