@@ -10,7 +10,7 @@ pub struct SelftestArgs {
     #[arg(long)]
     json: bool,
     /// Run one family of checks only (elementwise, matmul, matvec, softmax, norm, rope, qkv_rope,
-    /// attention, conv, embedding, layout, quant, sample).
+    /// attention, conv, embedding, layout, quant, sample, grid_sync).
     #[arg(long, value_name = "FAMILY")]
     only: Option<String>,
 }

@@ -20,6 +20,7 @@ pub mod copy;
 pub mod elementwise;
 pub mod embedding;
 pub mod geglu;
+pub mod grid_sync;
 pub mod layout;
 pub mod matmul;
 pub(crate) mod matmul_splitk;

@@ -213,18 +213,36 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         ]);
     }
     cases.extend(row_cases(gpu));
-    if std::env::var_os("DRIFT_SELFTEST_COOP_ATTENTION").is_some_and(|v| v == "1") {
-        // The emulated kernel too, as the control for the real one.
-        if gpu.caps.f16 {
-            cases.extend(coop_cases(AttentionVariant::CoopEmulated));
-        }
+    let coop_env = std::env::var("DRIFT_SELFTEST_COOP_ATTENTION").unwrap_or_default();
+    if coop_env == "only" {
+        // The cooperative cases alone (bisection runs on the target GPU).
+        cases.clear();
+    }
+    if coop_env == "1" || coop_env == "only" {
+        // The real kernel, and the emulated one as its control.
         if coop_available(&gpu.caps) {
             cases.extend(coop_cases(AttentionVariant::Coop));
         }
+        if gpu.caps.f16 {
+            cases.extend(coop_cases(AttentionVariant::CoopEmulated));
+        }
     }
     let mut out = Vec::new();
-    for case in &cases {
-        out.extend(check(gpu, rng, case)?);
+    for (i, case) in cases.iter().enumerate() {
+        let started = std::time::Instant::now();
+        if coop_env == "only" {
+            eprintln!("case {i}: {case:?}");
+        }
+        let checks = check(gpu, rng, case);
+        if coop_env == "only" {
+            // Printed as they come: a hung case still leaves the earlier results.
+            eprintln!("case {i}: {:.2} s", started.elapsed().as_secs_f64());
+            match &checks {
+                Ok(checks) => checks.iter().for_each(|c| eprintln!("{c}")),
+                Err(e) => eprintln!("case {i}: error: {e}"),
+            }
+        }
+        out.extend(checks?);
     }
     Ok(out)
 }

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod embedding;
+pub mod grid_sync;
 pub mod layout;
 pub mod matmul;
 pub mod matvec;
@@ -150,7 +151,7 @@ pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
 }
 
 /// The names of the check families, in the order [`run_all`] runs them.
-pub const FAMILIES: [&str; 13] = [
+pub const FAMILIES: [&str; 14] = [
     "elementwise",
     "matmul",
     "matvec",
@@ -164,12 +165,13 @@ pub const FAMILIES: [&str; 13] = [
     "layout",
     "quant",
     "sample",
+    "grid_sync",
 ];
 
 /// The checks of one family (`only`, a name from [`FAMILIES`]) or of all.
 pub fn run_families(gpu: &Gpu, rng: &mut Rng, only: Option<&str>) -> Result<Vec<Check>> {
     type Family = fn(&Gpu, &mut Rng) -> Result<Vec<Check>>;
-    let families: [Family; 13] = [
+    let families: [Family; 14] = [
         elementwise::checks,
         matmul::checks,
         matvec::checks,
@@ -183,6 +185,7 @@ pub fn run_families(gpu: &Gpu, rng: &mut Rng, only: Option<&str>) -> Result<Vec<
         layout::checks,
         quant::checks,
         sample::checks,
+        grid_sync::checks,
     ];
     let mut all = Vec::new();
     for (name, family) in FAMILIES.iter().zip(families) {

@@ -7,6 +7,7 @@ mod attention;
 mod conv;
 mod elementwise;
 mod embedding;
+mod grid_sync;
 mod layout;
 mod matmul;
 mod matvec;

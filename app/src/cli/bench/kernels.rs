@@ -7,6 +7,7 @@ use drift_engine::kernels::attention_row;
 use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
 use drift_engine::kernels::elementwise::{BinaryOp, binary};
+use drift_engine::kernels::grid_sync::{Probe, take_timeout};
 use drift_engine::kernels::matmul::{
     CoopTuning, MatmulOptions, MatmulVariant, coop_available, matmul,
 };
@@ -17,7 +18,7 @@ use drift_engine::kernels::softmax::{RowVariant, SoftmaxOptions, softmax};
 use drift_engine::{Category, DType, Dispatch, Gpu, Layout, Program};
 
 use super::Measurement;
-use super::timing::measure;
+use super::timing::{measure, time_sequence};
 
 /// Copy-bandwidth ceiling measured on the H200 (shared/notes/wgpu-on-h200.md), for the "% of copy" notes.
 const H200_COPY_GBPS: f64 = 4100.0;
@@ -420,6 +421,35 @@ pub fn run_all(
     }
     if wanted("dispatch") {
         report(dispatch_overhead(gpu)?);
+    }
+    if wanted("gridsync") {
+        grid_sync_cases(gpu, report)?;
+    }
+    Ok(())
+}
+
+/// Cost of one grid-wide barrier inside a dispatch (`kernels::grid_sync`), by grid size: the
+/// difference between the probe through 1000 barriers and through none, per barrier. A grid that
+/// timed out (not run concurrently) is reported as such.
+fn grid_sync_cases(gpu: &Gpu, report: &mut dyn FnMut(Measurement)) -> Result<()> {
+    const N: u32 = 1000;
+    for n_wg in [1u32, 16, 33, 66, 132, 264, 528, 1056] {
+        let none = Probe::new(gpu, n_wg, 0)?;
+        let many = Probe::new(gpu, n_wg, N)?;
+        let t0 = time_sequence(gpu, std::slice::from_ref(&none.dispatch), 5)?;
+        let t1 = time_sequence(gpu, std::slice::from_ref(&many.dispatch), 5)?;
+        let timed_out = take_timeout(gpu, &many.sync)?;
+        report(Measurement {
+            name: format!("gridsync {n_wg} workgroups"),
+            time_us: (t1 - t0) / N as f64,
+            gbps: 0.0,
+            tflops: 0.0,
+            note: if timed_out {
+                "TIMED OUT: not run concurrently".into()
+            } else {
+                format!("us per barrier ({t1:.1} us for {N}, {t0:.1} for none)")
+            },
+        });
     }
     Ok(())
 }
