@@ -24,10 +24,12 @@ fn grid_barrier(base: u32, i: u32, n_wg: u32, lid: u32) {
     if lid == 0u {
         let want = i * n_wg;
         var seen = atomicAdd(&gsync[base], 1u) + 1u;
-        // Bounded: some drivers also cut long loops short by themselves (llvmpipe after 65535
-        // iterations), so whether the others came is read from the count, not the loop's end.
-        for (var spins = 0u; spins < SPIN_MAX && seen < want; spins++) {
-            seen = atomicLoad(&gsync[base]);
+        // Bounded, in nested loops: some drivers cut a long loop short by themselves (llvmpipe after
+        // 65535 iterations), so whether the others came is read from the count, not the loop's end.
+        for (var outer = 0u; outer < SPIN_MAX / 1024u && seen < want; outer++) {
+            for (var spins = 0u; spins < 1024u && seen < want; spins++) {
+                seen = atomicLoad(&gsync[base]);
+            }
         }
         if seen < want {
             atomicOr(&gsync[base], TIMED_OUT);

@@ -17,6 +17,7 @@ pub mod attention_row;
 pub mod conv;
 pub mod conv_coop;
 pub mod copy;
+pub mod decode_step;
 pub mod elementwise;
 pub mod embedding;
 pub mod geglu;

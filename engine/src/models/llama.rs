@@ -36,6 +36,7 @@ use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
 use crate::memory::Category;
 use crate::models::config::LlmConfig;
+use crate::models::llama_step::{self, DecodeStep};
 use crate::tensor::{DType, Tensor};
 
 /// Rows at or below which a projection uses the matrix-vector kernels (decode, tiny prefills).
@@ -163,6 +164,9 @@ pub struct LlamaModel {
     row_max_kv: usize,
     /// Fused matrix-vector stages (see the module docs); from `DRIFT_DECODE_FUSION` at load.
     fusion: bool,
+    /// The whole decode step as one dispatch (`models::llama_step`), where it serves this model and
+    /// device; preferred over `decode` / `decode_long`.
+    decode_step: Option<DecodeStep>,
     /// Greedy selection after a step (argmax into the next input id), built once like `decode`.
     greedy: Vec<Dispatch>,
     /// f16 scratch for prefill: quantised weights are dequantised here just before their matmul.
@@ -171,17 +175,58 @@ pub struct LlamaModel {
 
 impl LlamaModel {
     pub fn new(gpu: &Gpu, cfg: LlmConfig, w: LlamaWeights, max_ctx: usize) -> Result<LlamaModel> {
-        let kv_dtype = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
-        let kv = (0..cfg.n_layers)
-            .map(|_| {
-                let shape = [1, max_ctx, cfg.n_kv_heads, cfg.head_dim];
-                Ok((
-                    gpu.tensor("k cache", &shape, kv_dtype, Category::KvCache)?,
-                    gpu.tensor("v cache", &shape, kv_dtype, Category::KvCache)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let n_wg = llama_step::requested_workgroups();
+        LlamaModel::with_decode_step(gpu, cfg, w, max_ctx, n_wg)
+    }
+
+    /// [`LlamaModel::new`] with the one-dispatch decode step over `step_workgroups` workgroups where
+    /// it serves the model and the device runs that grid concurrently (`None`: never).
+    pub fn with_decode_step(
+        gpu: &Gpu,
+        cfg: LlmConfig,
+        mut w: LlamaWeights,
+        max_ctx: usize,
+        step_workgroups: Option<u32>,
+    ) -> Result<LlamaModel> {
         let u32s = |name: &str, n: usize| gpu.tensor(name, &[n], DType::U32, Category::Activations);
+        let step = u32s("step", 2)?;
+        let ids = u32s("ids", max_ctx + 1)?;
+        let logits = gpu.tensor("logits", &[1, cfg.vocab], DType::F32, Category::Activations)?;
+        // The one-dispatch decode step where it serves this model (it also lays out the KV cache).
+        let mut kv = Vec::new();
+        let mut decode_step = None;
+        if let Some(n_wg) = step_workgroups
+            && let Some(shape) = llama_step::step_shape(gpu, &cfg, &w, max_ctx)
+        {
+            let built = llama_step::build(
+                gpu,
+                &cfg,
+                &shape,
+                &mut w,
+                &mut kv,
+                &step,
+                &ids.view(0, &[1])?,
+                &logits,
+                n_wg,
+            )
+            .and_then(|s| llama_step::calibrated(gpu, s, &step, &ids));
+            match built {
+                Ok(s) => decode_step = s,
+                Err(e) => log::warn!("one-dispatch decode step unavailable: {e}"),
+            }
+        }
+        if kv.is_empty() {
+            let kv_dtype = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+            kv = (0..cfg.n_layers)
+                .map(|_| {
+                    let shape = [1, max_ctx, cfg.n_kv_heads, cfg.head_dim];
+                    Ok((
+                        gpu.tensor("k cache", &shape, kv_dtype, Category::KvCache)?,
+                        gpu.tensor("v cache", &shape, kv_dtype, Category::KvCache)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+        }
         let needs_scratch = |l: &Linear| !l.is_float() || l.parts.len() > 1;
         let scratch_elems = w
             .layers
@@ -196,10 +241,11 @@ impl LlamaModel {
         let fusion = decode_fusion_default();
         let decode_fused = fusion && fusable(&w, 1);
         let mut m = LlamaModel {
-            step: u32s("step", 2)?,
-            ids: u32s("ids", max_ctx + 1)?,
+            step,
+            ids,
             history: u32s("history", max_ctx + 1)?,
-            logits: gpu.tensor("logits", &[1, cfg.vocab], DType::F32, Category::Activations)?,
+            logits,
+            decode_step,
             // Decode activations in the weights' dtype (f16 on most GPUs): the matrix-vector kernels read x
             // once per row group, so its width costs as much bandwidth as the blocks themselves.
             decode_acts: Activations::new(gpu, &cfg, 1, w.dtype, decode_fused)?,
@@ -607,10 +653,23 @@ impl LlamaModel {
 
     /// The decode step for a step that leaves `kv_len` rows in the cache.
     pub fn decode_program(&self, kv_len: usize) -> &Program {
+        if let Some(s) = &self.decode_step {
+            return &s.program;
+        }
         match &self.decode_long {
             Some(long) if kv_len > self.row_max_kv => long,
             _ => self.decode.as_ref().expect("built in new"),
         }
+    }
+
+    /// The one-dispatch decode step, where this model runs it.
+    pub fn decode_step(&self) -> Option<&DecodeStep> {
+        self.decode_step.as_ref()
+    }
+
+    /// Switches the one-dispatch decode step off (comparisons against the multi-dispatch program).
+    pub fn disable_decode_step(&mut self) {
+        self.decode_step = None;
     }
 
     /// KV length up to which decode runs the one-pass attention (0: never).

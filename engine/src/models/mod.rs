@@ -4,6 +4,7 @@ pub mod clip;
 pub mod config;
 pub mod hf;
 pub mod llama;
+pub mod llama_step;
 pub mod llama_weights;
 pub mod load;
 pub mod sd_graph;

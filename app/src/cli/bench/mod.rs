@@ -85,6 +85,17 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
                 "  first generated tokens (greedy; equal across builds computing the same logits): {:?}",
                 r.first_tokens
             );
+            if r.decode_step_workgroups > 0 {
+                println!(
+                    "  decode as one dispatch over {} workgroups{}",
+                    r.decode_step_workgroups,
+                    if r.decode_step_timed_out {
+                        " (A GRID BARRIER TIMED OUT: results wrong)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             let l = &r.decode_loop_us_per_token;
             println!(
                 "  generation loop per token: {:.0} us waiting for encoders, {:.0} us submitting, {:.0} us waiting for the GPU",

@@ -1,0 +1,223 @@
+//! A Llama decode step as one dispatch (`shaders/decode_step.wgsl`): the layers' phases separated by
+//! grid-wide barriers ([`crate::kernels::grid_sync`]) instead of ~5 dispatches per layer. This file
+//! holds the packed layouts the kernel reads (weights, f32 parameters, KV cache, activations) and
+//! builds the dispatch; `models::llama_step` packs a model into them.
+
+use crate::error::Result;
+use crate::exec::{Cost, Dispatch};
+use crate::gpu::Gpu;
+use crate::kernels::KernelSpec;
+use crate::kernels::grid_sync::SYNC_WORDS;
+use crate::tensor::Tensor;
+
+/// Weight offsets are padded to this many f16 elements (256 bytes, the binding alignment), so every
+/// packed weight is also a bindable view for the other kernels.
+const W_ALIGN: usize = 128;
+
+/// Most chunks a head's keys are dealt into (`MAXC` in the shader).
+const MAX_CHUNKS: usize = 16;
+
+/// The model dimensions the kernel is specialised for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepShape {
+    pub hidden: usize,
+    pub inter: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    /// Rotary dims (<= d).
+    pub rot: usize,
+    pub vocab: usize,
+    pub layers: usize,
+    /// Rotary pairs (2i, 2i + 1) (GGUF llama) instead of (i, i + rot / 2).
+    pub interleaved: bool,
+    /// q/k/v biases (Qwen2).
+    pub bias: bool,
+    /// The LM head is the embedding table.
+    pub tied: bool,
+    pub max_ctx: usize,
+}
+
+impl StepShape {
+    pub fn nqkv(&self) -> usize {
+        (self.hq + 2 * self.hkv) * self.d
+    }
+
+    /// Lanes per key in the attention phase: up to 8, each with a multiple of 4 dims.
+    pub fn lanes_per_key(&self) -> usize {
+        [8, 4, 2]
+            .into_iter()
+            .find(|lg| self.d.is_multiple_of(4 * lg))
+            .unwrap_or(1)
+    }
+
+    /// Whether the kernel's assumptions hold: f16 rows in 8-element loads, head dims in vec4s over at
+    /// least 2 lanes, whole GQA groups.
+    pub fn supported(&self) -> bool {
+        self.hidden.is_multiple_of(8)
+            && self.inter.is_multiple_of(8)
+            && (self.hq * self.d).is_multiple_of(8)
+            && self.d.is_multiple_of(8)
+            && self.rot <= self.d
+            && self.rot.is_multiple_of(4)
+            && self.hkv > 0
+            && self.hq.is_multiple_of(self.hkv)
+    }
+
+    /// f16 elements of one layer's block: qkv, o, gate_up, down (padded).
+    pub fn w_layer(&self) -> usize {
+        let (h, i) = (self.hidden, self.inter);
+        (self.nqkv() * h + h * self.hq * self.d + 2 * i * h + h * i).next_multiple_of(W_ALIGN)
+    }
+
+    /// Element offsets within a layer's block of its qkv, o, gate_up and down weights.
+    pub fn w_parts(&self) -> [usize; 4] {
+        let (h, i) = (self.hidden, self.inter);
+        let o = self.nqkv() * h;
+        let gu = o + h * self.hq * self.d;
+        [0, o, gu, gu + 2 * i * h]
+    }
+
+    pub fn w_head(&self) -> usize {
+        self.layers * self.w_layer()
+    }
+
+    pub fn w_embed(&self) -> usize {
+        if self.tied {
+            self.w_head()
+        } else {
+            self.w_head() + (self.vocab * self.hidden).next_multiple_of(W_ALIGN)
+        }
+    }
+
+    pub fn w_len(&self) -> usize {
+        self.w_embed() + (self.vocab * self.hidden).next_multiple_of(W_ALIGN)
+    }
+
+    /// f32 elements of one layer's parameters: attn_norm, ffn_norm (and the qkv bias).
+    pub fn f_layer(&self) -> usize {
+        2 * self.hidden + if self.bias { self.nqkv() } else { 0 }
+    }
+
+    pub fn f_norm(&self) -> usize {
+        self.layers * self.f_layer()
+    }
+
+    pub fn f_turns(&self) -> usize {
+        self.f_norm() + self.hidden
+    }
+
+    pub fn f_len(&self) -> usize {
+        self.f_turns() + self.rot
+    }
+
+    /// f16 elements of the KV cache, `[layer][k | v][max_ctx][hkv][d]`, and where layer l's k starts.
+    pub fn kv_len(&self) -> usize {
+        self.layers * 2 * self.kv_plane()
+    }
+
+    pub fn kv_plane(&self) -> usize {
+        self.max_ctx * self.hkv * self.d
+    }
+
+    /// Words of the sync state and the activations the phases hand on.
+    pub fn scratch_words(&self) -> usize {
+        let (hq, d) = (self.hq, self.d);
+        SYNC_WORDS
+            + hq * d
+            + 2 * self.hkv * d
+            + hq * MAX_CHUNKS * (d + 2)
+            + 2 * self.hidden
+            + self.inter
+    }
+
+    /// Length of the kernel's f32 workgroup vector.
+    fn xs(&self) -> usize {
+        self.hidden.max(self.inter).max(self.hq * self.d)
+    }
+
+    /// Workgroup memory the kernel declares.
+    pub fn shared_bytes(&self) -> usize {
+        4 * (self.xs() + 64 + 2 * self.hq * MAX_CHUNKS)
+    }
+
+    /// Bytes a step reads (weights once, the cache up to `kv_len` keys): its cost for the profiler.
+    fn bytes(&self) -> f64 {
+        2.0 * (self.w_head() + self.vocab * self.hidden) as f64
+    }
+}
+
+/// The packed tensors a step reads and writes.
+pub struct StepTensors<'a> {
+    /// f16 `[w_len]`.
+    pub w: &'a Tensor,
+    /// f32 `[f_len]`.
+    pub f: &'a Tensor,
+    /// f16 `[kv_len]`.
+    pub kv: &'a Tensor,
+    /// u32 `[scratch_words]`, zeroed at creation (the sync words must start at zero).
+    pub scratch: &'a Tensor,
+    /// u32 `[2]`: (kv_len, pos).
+    pub step: &'a Tensor,
+    /// u32: the input token id at 0.
+    pub ids: &'a Tensor,
+    /// f32 `[vocab]`.
+    pub logits: &'a Tensor,
+}
+
+// decode_step.wgsl first: its `enable f16;` must precede every declaration.
+const SOURCE: &str = concat!(
+    crate::shader!("decode_step.wgsl"),
+    crate::shader!("grid_sync.wgsl"),
+    crate::shader!("rope_angle.wgsl"),
+);
+
+/// The step dispatch over `n_wg` workgroups (all of which must run concurrently: see
+/// [`crate::kernels::grid_sync`]).
+pub fn decode_step(
+    gpu: &Gpu,
+    s: &StepShape,
+    t: &StepTensors,
+    n_wg: u32,
+    eps: f32,
+    scale: f32,
+) -> Result<Dispatch> {
+    let flag = |b: bool| u8::from(b).to_string();
+    let spec = KernelSpec::new(
+        format!(
+            "decode_step_h{}_l{}_d{}{}",
+            s.hidden,
+            s.layers,
+            s.d,
+            if s.bias { "_bias" } else { "" }
+        ),
+        SOURCE,
+        "decode_step",
+    )
+    .define("H", s.hidden)
+    .define("I", s.inter)
+    .define("HQ", s.hq)
+    .define("HKV", s.hkv)
+    .define("D", s.d)
+    .define("ROT", s.rot)
+    .define("V", s.vocab)
+    .define("L", s.layers)
+    .define("INTERLEAVED", flag(s.interleaved))
+    .define("BIAS", flag(s.bias))
+    .define("LG", s.lanes_per_key())
+    .define("W_LAYER", s.w_layer())
+    .define("W_EMBED", s.w_embed())
+    .define("F_LAYER", s.f_layer())
+    .define("XS", s.xs());
+    let kernel = gpu.kernel(&spec)?;
+    gpu.dispatch(
+        &kernel,
+        &[s.max_ctx as u32, n_wg, eps.to_bits(), scale.to_bits()],
+        &[t.w, t.f, t.kv, t.scratch, t.step, t.ids, t.logits],
+        [n_wg, 1, 1],
+        Cost {
+            flops: 2.0 * (s.w_head() + s.vocab * s.hidden) as f64,
+            bytes: s.bytes(),
+        },
+    )
+}
