@@ -1,6 +1,6 @@
 // A whole Llama decode step in one dispatch: every layer's QKV + RoPE, attention, O + residual,
 // gate-up + SwiGLU and down + residual, then the final norm and the LM head, as phases separated by
-// grid-wide barriers (grid_sync.wgsl, prepended). A small model's token is bound by dispatch
+// grid-wide barriers (grid_sync.wgsl, appended). A small model's token is bound by dispatch
 // boundaries (~5 us each on the H200 for ~1 us of bytes); a grid barrier costs ~1 us and its phase
 // starts with no launch ramp.
 //
@@ -51,11 +51,15 @@ const G: u32 = HQ / HKV;
 const NQKV: u32 = (HQ + 2u * HKV) * D;
 // Attention: a head's keys in at most MAXC chunks of at least CK_MIN keys (one unit each); LG lanes
 // per key (up to 8) and DPL dims per lane (a multiple of 4).
-const MAXC: u32 = 16u;
-const CK_MIN: u32 = 64u;
+const MAXC: u32 = 64u;
+const CK_MIN: u32 = 16u;
 const LG: u32 = {{LG}}u;
 const DPL: u32 = D / LG;
+const DPV: u32 = DPL / 4u;
 const NEG: f32 = -1.0e30;
+// Measurement switch (DRIFT_DECODE_STEP_SKIP): phases whose work is skipped (barriers kept), bit 0
+// QKV, 1 attention, 2 merge + O, 3 gate-up, 4 down, 5 LM head. 0 in every real build.
+const SKIP: u32 = {{SKIP}}u;
 
 // Weights, in f16 elements: one layer's block, then the LM head and the embedding table.
 const W_QKV: u32 = 0u;
@@ -78,15 +82,18 @@ const A_Q: u32 = 0u;
 const A_K: u32 = A_Q + HQ * D;
 const A_V: u32 = A_K + HKV * D;
 const A_PART: u32 = A_V + HKV * D;   // [HQ][MAXC][D + 2]: acc, max, sum
-const A_XA: u32 = A_PART + HQ * MAXC * (D + 2u);
+const A_ATT: u32 = A_PART + HQ * MAXC * (D + 2u);   // [HQ][D]: the merged attention output
+const A_XA: u32 = A_ATT + HQ * D;
 const A_ACT: u32 = A_XA + H;
 const A_XB: u32 = A_ACT + I;
 
-var<workgroup> xs: array<f32, XS>;
+// The phase's input vector (f32), read by the row products 8 at a time.
+var<workgroup> xs: array<vec4<f32>, XS / 4u>;
 var<workgroup> red: array<f32, 64>;
-// Each (head, chunk)'s max and sum, for the merge.
-var<workgroup> ml_m: array<f32, HQ * MAXC>;
-var<workgroup> ml_s: array<f32, HQ * MAXC>;
+
+fn xs_set(i: u32, x: f32) {
+    xs[i >> 2u][i & 3u] = x;
+}
 
 fn act_at(o: u32) -> u32 {
     return p.off_s + A_SYNC + o;
@@ -131,40 +138,121 @@ fn wg_sum(x: f32, sg_id: u32, sg_lane: u32, n_sg: u32) -> f32 {
     return t;
 }
 
-// Eight weights (one vec4<u32> of f16) times xs[c .. c + 8].
+// Eight weights (one vec4<u32> of f16) times xs elements 8c .. 8c + 7.
 fn dot8(v: vec4<u32>, c: u32) -> f32 {
-    let a = unpack2x16float(v.x);
-    let b = unpack2x16float(v.y);
-    let e = unpack2x16float(v.z);
-    let f = unpack2x16float(v.w);
-    let x0 = vec4<f32>(xs[c], xs[c + 1u], xs[c + 2u], xs[c + 3u]);
-    let x1 = vec4<f32>(xs[c + 4u], xs[c + 5u], xs[c + 6u], xs[c + 7u]);
-    return dot(vec4<f32>(a, b), x0) + dot(vec4<f32>(e, f), x1);
+    let a = vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+    let b = vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w));
+    return dot(a, xs[2u * c]) + dot(b, xs[2u * c + 1u]);
 }
 
-// The team's dot product of weight row `row` (at element `base`, k wide) with xs: every lane gets it.
+// The row products below issue four 16-byte loads per lane before using any (the phases are latency
+// chains, not bandwidth: one memory round trip per four loads). Indices past the row are clamped to
+// its last chunk and their products dropped.
+
+// The team's dot product of the weight row at element `base` (k wide) with xs: every lane gets it.
 fn row_dot(base: u32, k: u32, lane: u32, sg_size: u32) -> f32 {
+    let n = k / 8u;
+    let b = (p.off_w + base) >> 3u;
     var acc = 0.0;
-    let b8 = (p.off_w + base) >> 3u;
-    for (var c = lane; c < k / 8u; c += sg_size) {
-        acc += dot8(w[b8 + c], c * 8u);
+    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
+        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+        let v0 = w[b + c.x];
+        let v1 = w[b + c.y];
+        let v2 = w[b + c.z];
+        let v3 = w[b + c.w];
+        acc += dot8(v0, c.x);
+        acc += select(0.0, dot8(v1, c.y), c0 + sg_size < n);
+        acc += select(0.0, dot8(v2, c.z), c0 + 2u * sg_size < n);
+        acc += select(0.0, dot8(v3, c.w), c0 + 3u * sg_size < n);
     }
     return subgroupAdd(acc);
 }
 
-// Two rows at once (pairs: rotary pairs, gate and up), sharing the xs loads.
+// Two rows at once (rotary pairs, gate and up, LM head rows), sharing the xs reads.
 fn row_dot2(b0: u32, b1: u32, k: u32, lane: u32, sg_size: u32) -> vec2<f32> {
-    var a0 = 0.0;
-    var a1 = 0.0;
+    let n = k / 8u;
     let r0 = (p.off_w + b0) >> 3u;
     let r1 = (p.off_w + b1) >> 3u;
-    for (var c = lane; c < k / 8u; c += sg_size) {
-        let v0 = w[r0 + c];
-        let v1 = w[r1 + c];
-        a0 += dot8(v0, c * 8u);
-        a1 += dot8(v1, c * 8u);
+    var a = vec2<f32>(0.0);
+    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
+        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+        let u0 = w[r0 + c.x];
+        let u1 = w[r0 + c.y];
+        let u2 = w[r0 + c.z];
+        let u3 = w[r0 + c.w];
+        let v0 = w[r1 + c.x];
+        let v1 = w[r1 + c.y];
+        let v2 = w[r1 + c.z];
+        let v3 = w[r1 + c.w];
+        a += vec2<f32>(dot8(u0, c.x), dot8(v0, c.x));
+        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u1, c.y), dot8(v1, c.y)), c0 + sg_size < n);
+        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u2, c.z), dot8(v2, c.z)), c0 + 2u * sg_size < n);
+        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u3, c.w), dot8(v3, c.w)), c0 + 3u * sg_size < n);
     }
-    return vec2<f32>(subgroupAdd(a0), subgroupAdd(a1));
+    return vec2<f32>(subgroupAdd(a.x), subgroupAdd(a.y));
+}
+
+// Four rows at once (two gate-up units, LM head rows): 16 loads in flight per lane.
+fn row_dot4(bases: vec4<u32>, k: u32, lane: u32, sg_size: u32) -> vec4<f32> {
+    let n = k / 8u;
+    let r = (vec4<u32>(p.off_w) + bases) >> vec4<u32>(3u);
+    var a = vec4<f32>(0.0);
+    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
+        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+        var v: array<vec4<u32>, 16>;
+        for (var q = 0u; q < 4u; q++) {
+            for (var t = 0u; t < 4u; t++) {
+                v[4u * q + t] = w[r[t] + c[q]];
+            }
+        }
+        for (var q = 0u; q < 4u; q++) {
+            if c0 + q * sg_size < n {
+                a += vec4<f32>(dot8(v[4u * q], c[q]), dot8(v[4u * q + 1u], c[q]), dot8(v[4u * q + 2u], c[q]), dot8(v[4u * q + 3u], c[q]));
+            }
+        }
+    }
+    return vec4<f32>(subgroupAdd(a.x), subgroupAdd(a.y), subgroupAdd(a.z), subgroupAdd(a.w));
+}
+
+// Four activations (scratch words o + i, i < n) at once; past n: zeros.
+fn act_load4(o: u32, i: vec4<u32>, n: u32) -> vec4<f32> {
+    let j = min(i, vec4<u32>(n - 1u));
+    let x = vec4<f32>(act_load(o + j.x), act_load(o + j.y), act_load(o + j.z), act_load(o + j.w));
+    return select(vec4<f32>(0.0), x, i < vec4<u32>(n));
+}
+
+// Layer l's input at i (four at once; past H: zeros): the token's embedding row for layer 0, else the
+// last layer's output.
+fn x_in4(l: u32, i: vec4<u32>) -> vec4<f32> {
+    if l == 0u {
+        let j = min(i, vec4<u32>(H - 1u));
+        let e = W_EMBED + ids[p.off_ids] * H;
+        let x = vec4<f32>(w_elem(e + j.x), w_elem(e + j.y), w_elem(e + j.z), w_elem(e + j.w));
+        return select(vec4<f32>(0.0), x, i < vec4<u32>(H));
+    }
+    return act_load4(act_at(A_XB), i, H);
+}
+
+// xs = x * g for the H values of x (g at fp[g]); returns 1 / sqrt(mean(x^2) + eps). `x` is layer l's
+// input (src 0), xa (1) or the last layer's output (2).
+fn load_normed(src: u32, l: u32, g: u32, lid: u32, sg_id: u32, sg_lane: u32, n_sg: u32) -> f32 {
+    var ss = 0.0;
+    for (var i0 = lid; i0 < H; i0 += 4u * WG) {
+        let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
+        var x: vec4<f32>;
+        if src == 0u {
+            x = x_in4(l, i);
+        } else {
+            x = act_load4(act_at(select(A_XB, A_XA, src == 1u)), i, H);
+        }
+        ss += dot(x, x);
+        for (var t = 0u; t < 4u; t++) {
+            if i[t] < H {
+                xs_set(i[t], x[t] * fp[p.off_f + g + i[t]]);
+            }
+        }
+    }
+    return inverseSqrt(wg_sum(ss, sg_id, sg_lane, n_sg) / f32(H) + p.eps);
 }
 
 @compute @workgroup_size(256)
@@ -182,7 +270,7 @@ fn decode_step(
     let teams = n_wg * teams_per_wg;
     let kv_len = step[p.off_step];
     let pos = step[p.off_step + 1u];
-    let ck = max(CK_MIN, ((kv_len + MAXC - 1u) / MAXC + 7u) & ~7u);
+    let ck = max(CK_MIN, ((kv_len + MAXC - 1u) / MAXC + 15u) & ~15u);
     let n_chunks = (kv_len + ck - 1u) / ck;
     var bar = 0u;
 
@@ -190,14 +278,8 @@ fn decode_step(
         let wl = l * W_LAYER;
         let fl = l * F_LAYER;
         // ---- QKV + RoPE: xs = x * attn_norm; unit u = rotary pair u % (D/2) of head block u / (D/2).
-        var ss = 0.0;
-        for (var i = lid; i < H; i += WG) {
-            let x = x_in(l, i);
-            ss += x * x;
-            xs[i] = x * fp[p.off_f + fl + F_ATTN_NORM + i];
-        }
-        let r = inverseSqrt(wg_sum(ss, sg_id, sg_lane, teams_per_wg) / f32(H) + p.eps);
-        for (var u = team; u < NQKV / 2u; u += teams) {
+        let r = load_normed(0u, l, fl + F_ATTN_NORM, lid, sg_id, sg_lane, teams_per_wg);
+        for (var u = team; u < NQKV / 2u && (SKIP & 1u) == 0u; u += teams) {
             let hb = u / (D / 2u);
             let pair = u % (D / 2u);
             let e = rope_dims(pair, ROT);
@@ -237,62 +319,77 @@ fn decode_step(
         let kgs = sg_size / LG;
         let g = sg_lane / LG;
         let j = sg_lane % LG;
-        for (var u = team; u < HQ * n_chunks; u += teams) {
+        for (var u = team; u < HQ * n_chunks && (SKIP & 2u) == 0u; u += teams) {
             let h = u / n_chunks;
             let c = u % n_chunks;
             let hk = h / G;
-            var q: array<f32, DPL>;
-            for (var t = 0u; t < DPL; t++) {
-                q[t] = act_load(act_at(A_Q + h * D + j * DPL + t)) * p.scale;
+            var q: array<vec4<f32>, DPV>;
+            for (var t = 0u; t < DPV; t++) {
+                let i = vec4<u32>(h * D + j * DPL + 4u * t) + vec4<u32>(0u, 1u, 2u, 3u);
+                q[t] = act_load4(act_at(A_Q), i, HQ * D) * p.scale;
             }
             var m = NEG;
             var sum = 0.0;
-            var acc: array<f32, DPL>;
+            var acc: array<vec4<f32>, DPV>;
             let k_end = min(kv_len, (c + 1u) * ck);
             let kbase = p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + hk * (D / 4u);
             let vbase = kbase + p.max_ctx * (HKV * D / 4u);
-            // The whole subgroup steps together (the shuffles need every lane); a group past the
-            // chunk's end computes on zeros and keeps its state.
-            for (var k0 = c * ck; k0 < k_end; k0 += kgs) {
-                let key = k0 + g;
-                let live = key < k_end;
-                var kr: array<f32, DPL>;
-                var vr: array<f32, DPL>;
-                if key == pos {
-                    for (var t = 0u; t < DPL; t++) {
-                        kr[t] = act_load(act_at(A_K + hk * D + j * DPL + t));
-                        vr[t] = act_load(act_at(A_V + hk * D + j * DPL + t));
-                    }
-                } else if live {
-                    let ko = kbase + key * (HKV * D / 4u) + j * (DPL / 4u);
-                    let vo = vbase + key * (HKV * D / 4u) + j * (DPL / 4u);
-                    for (var t = 0u; t < DPL / 4u; t++) {
-                        let k4 = vec4<f32>(kv[ko + t]);
-                        let v4 = vec4<f32>(kv[vo + t]);
-                        kr[4u * t] = k4.x;
-                        kr[4u * t + 1u] = k4.y;
-                        kr[4u * t + 2u] = k4.z;
-                        kr[4u * t + 3u] = k4.w;
-                        vr[4u * t] = v4.x;
-                        vr[4u * t + 1u] = v4.y;
-                        vr[4u * t + 2u] = v4.z;
-                        vr[4u * t + 3u] = v4.w;
+            // Keys from the cache (all but the step's own, pos = kv_len - 1, the last one), four per
+            // group per round with every load issued first. The whole subgroup steps together (the
+            // shuffles need every lane); a group past the end computes on a clamped key and keeps its
+            // state.
+            let kend = min(k_end, pos);
+            for (var k0 = c * ck; k0 < kend; k0 += 4u * kgs) {
+                var kk: array<vec4<f16>, 4u * DPV>;
+                var vv: array<vec4<f16>, 4u * DPV>;
+                for (var rr = 0u; rr < 4u; rr++) {
+                    let key = min(k0 + rr * kgs + g, kend - 1u);
+                    let ko = kbase + key * (HKV * D / 4u) + j * DPV;
+                    let vo = vbase + key * (HKV * D / 4u) + j * DPV;
+                    for (var t = 0u; t < DPV; t++) {
+                        kk[rr * DPV + t] = kv[ko + t];
+                        vv[rr * DPV + t] = kv[vo + t];
                     }
                 }
-                var s = 0.0;
-                for (var t = 0u; t < DPL; t++) {
-                    s += q[t] * kr[t];
+                for (var rr = 0u; rr < 4u; rr++) {
+                    var sc = 0.0;
+                    for (var t = 0u; t < DPV; t++) {
+                        sc += dot(q[t], vec4<f32>(kk[rr * DPV + t]));
+                    }
+                    for (var o = 1u; o < LG; o <<= 1u) {
+                        sc += subgroupShuffleXor(sc, o);
+                    }
+                    if k0 + rr * kgs + g < kend {
+                        let m_new = max(m, sc);
+                        let a = exp(m - m_new);
+                        let pk = exp(sc - m_new);
+                        sum = sum * a + pk;
+                        for (var t = 0u; t < DPV; t++) {
+                            acc[t] = acc[t] * a + pk * vec4<f32>(vv[rr * DPV + t]);
+                        }
+                        m = m_new;
+                    }
+                }
+            }
+            // The step's own key and value, from this dispatch's QKV phase: group 0 of the last chunk.
+            if k_end == kv_len {
+                var sc = 0.0;
+                var vk: array<vec4<f32>, DPV>;
+                for (var t = 0u; t < DPV; t++) {
+                    let i = vec4<u32>(hk * D + j * DPL + 4u * t) + vec4<u32>(0u, 1u, 2u, 3u);
+                    sc += dot(q[t], act_load4(act_at(A_K), i, HKV * D));
+                    vk[t] = act_load4(act_at(A_V), i, HKV * D);
                 }
                 for (var o = 1u; o < LG; o <<= 1u) {
-                    s += subgroupShuffleXor(s, o);
+                    sc += subgroupShuffleXor(sc, o);
                 }
-                if live {
-                    let m_new = max(m, s);
+                if g == 0u {
+                    let m_new = max(m, sc);
                     let a = exp(m - m_new);
-                    let pk = exp(s - m_new);
+                    let pk = exp(sc - m_new);
                     sum = sum * a + pk;
-                    for (var t = 0u; t < DPL; t++) {
-                        acc[t] = acc[t] * a + pk * vr[t];
+                    for (var t = 0u; t < DPV; t++) {
+                        acc[t] = acc[t] * a + pk * vk[t];
                     }
                     m = m_new;
                 }
@@ -305,15 +402,17 @@ fn decode_step(
                 let a = exp(m - mm);
                 let b = exp(m2 - mm);
                 sum = sum * a + s2 * b;
-                for (var t = 0u; t < DPL; t++) {
+                for (var t = 0u; t < DPV; t++) {
                     acc[t] = acc[t] * a + subgroupShuffleXor(acc[t], o) * b;
                 }
                 m = mm;
             }
             if g == 0u {
                 let base = act_at(A_PART + (h * MAXC + c) * (D + 2u));
-                for (var t = 0u; t < DPL; t++) {
-                    act_store(base + j * DPL + t, acc[t]);
+                for (var t = 0u; t < DPV; t++) {
+                    for (var e = 0u; e < 4u; e++) {
+                        act_store(base + j * DPL + 4u * t + e, acc[t][e]);
+                    }
                 }
                 if j == 0u {
                     act_store(base + D, m);
@@ -324,64 +423,99 @@ fn decode_step(
         bar++;
         grid_barrier(p.off_s, bar, n_wg, lid);
 
-        // ---- O + residual: every workgroup merges the heads' chunks into xs, then rows of O.
-        for (var t = lid; t < HQ * n_chunks; t += WG) {
-            let b = act_at(A_PART + ((t / n_chunks) * MAXC + t % n_chunks) * (D + 2u));
-            ml_m[t] = act_load(b + D);
-            ml_s[t] = act_load(b + D + 1u);
+        // ---- Merge: unit (head h, dims 8 db .. + 8); lane c takes chunks c, c + S, ... (online), then
+        // the subgroup combines its lanes. Out: the head's normalised output to A_ATT.
+        for (var u = team; u < HQ * (D / 8u) && (SKIP & 2u) == 0u; u += teams) {
+            let h = u / (D / 8u);
+            let db = u % (D / 8u);
+            var m = NEG;
+            var sum = 0.0;
+            var o0 = vec4<f32>(0.0);
+            var o1 = vec4<f32>(0.0);
+            for (var c = sg_lane; c < n_chunks; c += sg_size) {
+                let b = act_at(A_PART + (h * MAXC + c) * (D + 2u));
+                let mc = act_load(b + D);
+                let sc = act_load(b + D + 1u);
+                let i = vec4<u32>(8u * db) + vec4<u32>(0u, 1u, 2u, 3u);
+                let a0 = act_load4(b, i, D);
+                let a1 = act_load4(b, i + vec4<u32>(4u), D);
+                let mm = max(m, mc);
+                let f = exp(m - mm);
+                let fc = exp(mc - mm);
+                sum = sum * f + sc * fc;
+                o0 = o0 * f + a0 * fc;
+                o1 = o1 * f + a1 * fc;
+                m = mm;
+            }
+            let mx = subgroupMax(m);
+            let f = exp(m - mx);
+            let den = subgroupAdd(sum * f);
+            o0 = subgroupAdd(o0 * f);
+            o1 = subgroupAdd(o1 * f);
+            if sg_lane == 0u {
+                let inv = select(0.0, 1.0 / den, den > 0.0);
+                let at = act_at(A_ATT + h * D + 8u * db);
+                for (var e = 0u; e < 4u; e++) {
+                    act_store(at + e, o0[e] * inv);
+                    act_store(at + 4u + e, o1[e] * inv);
+                }
+            }
+        }
+        bar++;
+        grid_barrier(p.off_s, bar, n_wg, lid);
+
+        // ---- O + residual.
+        for (var i0 = lid; i0 < HQ * D; i0 += 4u * WG) {
+            let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
+            let x = act_load4(act_at(A_ATT), i, HQ * D);
+            for (var t = 0u; t < 4u; t++) {
+                if i[t] < HQ * D {
+                    xs_set(i[t], x[t]);
+                }
+            }
         }
         workgroupBarrier();
-        for (var t = lid; t < HQ * D; t += WG) {
-            let h = t / D;
-            var mx = NEG;
-            for (var c = 0u; c < n_chunks; c++) {
-                mx = max(mx, ml_m[h * n_chunks + c]);
-            }
-            var den = 0.0;
-            var o = 0.0;
-            for (var c = 0u; c < n_chunks; c++) {
-                let wc = exp(ml_m[h * n_chunks + c] - mx);
-                den += wc * ml_s[h * n_chunks + c];
-                o += wc * act_load(act_at(A_PART + (h * MAXC + c) * (D + 2u) + t % D));
-            }
-            xs[t] = select(0.0, o / den, den > 0.0);
-        }
-        workgroupBarrier();
-        for (var row = team; row < H; row += teams) {
+        for (var row = team; row < H && (SKIP & 4u) == 0u; row += teams) {
+            let res = x_in(l, row);
             let y = row_dot(wl + W_O + row * (HQ * D), HQ * D, sg_lane, sg_size);
             if sg_lane == 0u {
-                act_store(act_at(A_XA + row), y + x_in(l, row));
+                act_store(act_at(A_XA + row), y + res);
             }
         }
         bar++;
         grid_barrier(p.off_s, bar, n_wg, lid);
 
         // ---- gate-up + SwiGLU: xs = xa * ffn_norm; unit i = gate row i and up row I + i.
-        ss = 0.0;
-        for (var i = lid; i < H; i += WG) {
-            let x = act_load(act_at(A_XA + i));
-            ss += x * x;
-            xs[i] = x * fp[p.off_f + fl + F_FFN_NORM + i];
-        }
-        let r2 = inverseSqrt(wg_sum(ss, sg_id, sg_lane, teams_per_wg) / f32(H) + p.eps);
-        for (var i = team; i < I; i += teams) {
-            let y = row_dot2(wl + W_GU + i * H, wl + W_GU + (I + i) * H, H, sg_lane, sg_size) * r2;
+        let r2 = load_normed(1u, l, fl + F_FFN_NORM, lid, sg_id, sg_lane, teams_per_wg);
+        // Two units per team at once where there are more units than teams.
+        for (var i = team; i < I && (SKIP & 8u) == 0u; i += 2u * teams) {
+            let i2 = min(i + teams, I - 1u);
+            let g = wl + W_GU;
+            let y = row_dot4(vec4<u32>(g + i * H, g + (I + i) * H, g + i2 * H, g + (I + i2) * H), H, sg_lane, sg_size) * r2;
             if sg_lane == 0u {
                 act_store(act_at(A_ACT + i), y.x / (1.0 + exp(-y.x)) * y.y);
+                act_store(act_at(A_ACT + i2), y.z / (1.0 + exp(-y.z)) * y.w);
             }
         }
         bar++;
         grid_barrier(p.off_s, bar, n_wg, lid);
 
         // ---- down + residual.
-        for (var i = lid; i < I; i += WG) {
-            xs[i] = act_load(act_at(A_ACT + i));
+        for (var i0 = lid; i0 < I; i0 += 4u * WG) {
+            let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
+            let x = act_load4(act_at(A_ACT), i, I);
+            for (var t = 0u; t < 4u; t++) {
+                if i[t] < I {
+                    xs_set(i[t], x[t]);
+                }
+            }
         }
         workgroupBarrier();
-        for (var row = team; row < H; row += teams) {
+        for (var row = team; row < H && (SKIP & 16u) == 0u; row += teams) {
+            let res = act_load(act_at(A_XA + row));
             let y = row_dot(wl + W_DOWN + row * I, I, sg_lane, sg_size);
             if sg_lane == 0u {
-                act_store(act_at(A_XB + row), y + act_load(act_at(A_XA + row)));
+                act_store(act_at(A_XB + row), y + res);
             }
         }
         bar++;
@@ -389,17 +523,14 @@ fn decode_step(
     }
 
     // ---- Final norm and the LM head.
-    var ss = 0.0;
-    for (var i = lid; i < H; i += WG) {
-        let x = act_load(act_at(A_XB + i));
-        ss += x * x;
-        xs[i] = x * fp[p.off_f + F_NORM + i];
-    }
-    let r = inverseSqrt(wg_sum(ss, sg_id, sg_lane, teams_per_wg) / f32(H) + p.eps);
-    for (var row = team; row < V; row += teams) {
-        let y = row_dot(W_HEAD + row * H, H, sg_lane, sg_size);
+    let r = load_normed(2u, 0u, F_NORM, lid, sg_id, sg_lane, teams_per_wg);
+    for (var row = team; row < V && (SKIP & 32u) == 0u; row += 4u * teams) {
+        let rows = min(vec4<u32>(row) + vec4<u32>(0u, 1u, 2u, 3u) * teams, vec4<u32>(V - 1u));
+        let y = row_dot4(W_HEAD + rows * H, H, sg_lane, sg_size) * r;
         if sg_lane == 0u {
-            logits[p.off_logits + row] = y * r;
+            for (var t = 0u; t < 4u; t++) {
+                logits[p.off_logits + rows[t]] = y[t];
+            }
         }
     }
     grid_exit(p.off_s, n_wg, lid);

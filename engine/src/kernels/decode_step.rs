@@ -15,7 +15,7 @@ use crate::tensor::Tensor;
 const W_ALIGN: usize = 128;
 
 /// Most chunks a head's keys are dealt into (`MAXC` in the shader).
-const MAX_CHUNKS: usize = 16;
+const MAX_CHUNKS: usize = 64;
 
 /// The model dimensions the kernel is specialised for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +127,7 @@ impl StepShape {
             + hq * d
             + 2 * self.hkv * d
             + hq * MAX_CHUNKS * (d + 2)
+            + hq * d
             + 2 * self.hidden
             + self.inter
     }
@@ -138,7 +139,7 @@ impl StepShape {
 
     /// Workgroup memory the kernel declares.
     pub fn shared_bytes(&self) -> usize {
-        4 * (self.xs() + 64 + 2 * self.hq * MAX_CHUNKS)
+        4 * (self.xs() + 64)
     }
 
     /// Bytes a step reads (weights once, the cache up to `kv_len` keys): its cost for the profiler.
@@ -171,6 +172,14 @@ const SOURCE: &str = concat!(
     crate::shader!("grid_sync.wgsl"),
     crate::shader!("rope_angle.wgsl"),
 );
+
+/// Phases whose work a measurement skips (`DRIFT_DECODE_STEP_SKIP`, a bit mask; see the shader).
+fn skip_mask() -> u32 {
+    std::env::var("DRIFT_DECODE_STEP_SKIP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
 
 /// The step dispatch over `n_wg` workgroups (all of which must run concurrently: see
 /// [`crate::kernels::grid_sync`]).
@@ -208,7 +217,8 @@ pub fn decode_step(
     .define("W_LAYER", s.w_layer())
     .define("W_EMBED", s.w_embed())
     .define("F_LAYER", s.f_layer())
-    .define("XS", s.xs());
+    .define("XS", s.xs())
+    .define("SKIP", skip_mask());
     let kernel = gpu.kernel(&spec)?;
     gpu.dispatch(
         &kernel,
