@@ -52,6 +52,8 @@ const NQKV: u32 = (HQ + 2u * HKV) * D;
 // Attention: a head's keys in at most MAXC chunks of at least CK_MIN keys (one unit each); LG lanes
 // per key (up to 8) and DPL dims per lane (a multiple of 4).
 const MAXC: u32 = 64u;
+// KV lengths up to which a head's attention is one workgroup's (no partials, no merge phase).
+const WHOLE_MAX: u32 = {{WHOLE_MAX}}u;
 const CK_MIN: u32 = 16u;
 const LG: u32 = {{LG}}u;
 const DPL: u32 = D / LG;
@@ -90,6 +92,8 @@ const A_XB: u32 = A_ACT + I;
 // The phase's input vector (f32), read by the row products 8 at a time.
 var<workgroup> xs: array<vec4<f32>, XS / 4u>;
 var<workgroup> red: array<f32, 64>;
+// The subgroups' attention states (acc, max, sum) of one head, for the workgroup's merge.
+var<workgroup> hm: array<f32, (WG / 8u) * (D + 2u)>;
 
 fn xs_set(i: u32, x: f32) {
     xs[i >> 2u][i & 3u] = x;
@@ -192,23 +196,24 @@ fn row_dot2(b0: u32, b1: u32, k: u32, lane: u32, sg_size: u32) -> vec2<f32> {
     return vec2<f32>(subgroupAdd(a.x), subgroupAdd(a.y));
 }
 
-// Four rows at once (two gate-up units, LM head rows): 16 loads in flight per lane.
+// Four rows at once (two gate-up units, LM head rows): 8 loads in flight per lane.
 fn row_dot4(bases: vec4<u32>, k: u32, lane: u32, sg_size: u32) -> vec4<f32> {
     let n = k / 8u;
     let r = (vec4<u32>(p.off_w) + bases) >> vec4<u32>(3u);
     var a = vec4<f32>(0.0);
-    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
-        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
-        var v: array<vec4<u32>, 16>;
-        for (var q = 0u; q < 4u; q++) {
-            for (var t = 0u; t < 4u; t++) {
-                v[4u * q + t] = w[r[t] + c[q]];
-            }
-        }
-        for (var q = 0u; q < 4u; q++) {
-            if c0 + q * sg_size < n {
-                a += vec4<f32>(dot8(v[4u * q], c[q]), dot8(v[4u * q + 1u], c[q]), dot8(v[4u * q + 2u], c[q]), dot8(v[4u * q + 3u], c[q]));
-            }
+    for (var c0 = lane; c0 < n; c0 += 2u * sg_size) {
+        let c1 = min(c0 + sg_size, n - 1u);
+        let u0 = w[r.x + c0];
+        let u1 = w[r.y + c0];
+        let u2 = w[r.z + c0];
+        let u3 = w[r.w + c0];
+        let v0 = w[r.x + c1];
+        let v1 = w[r.y + c1];
+        let v2 = w[r.z + c1];
+        let v3 = w[r.w + c1];
+        a += vec4<f32>(dot8(u0, c0), dot8(u1, c0), dot8(u2, c0), dot8(u3, c0));
+        if c0 + sg_size < n {
+            a += vec4<f32>(dot8(v0, c1), dot8(v1, c1), dot8(v2, c1), dot8(v3, c1));
         }
     }
     return vec4<f32>(subgroupAdd(a.x), subgroupAdd(a.y), subgroupAdd(a.z), subgroupAdd(a.w));
@@ -255,6 +260,53 @@ fn load_normed(src: u32, l: u32, g: u32, lid: u32, sg_id: u32, sg_lane: u32, n_s
     return inverseSqrt(wg_sum(ss, sg_id, sg_lane, n_sg) / f32(H) + p.eps);
 }
 
+// One subgroup's online softmax for head h over the cached keys key0 + g + r stride (r = 0, 1, ...)
+// below kend (group g of LG lanes takes a key, lane j its dims j DPL ..), four keys per group per
+// round with every load issued first, plus the step's own key (pos, from this dispatch's QKV phase)
+// where `own`; the groups merged by shuffles, so lanes j < LG hold the subgroup's state. The whole
+// subgroup steps together (the shuffles need every lane); a group past the end computes on a clamped
+// key and keeps its state.
+struct AttnState {
+    m: f32,
+    sum: f32,
+    acc: array<vec4<f32>, DPV>,
+}
+
+fn attend(h: u32, key0: u32, kend: u32, stride: u32, own: bool, l: u32, sg_lane: u32, sg_size: u32) -> AttnState {
+    let g = sg_lane / LG;
+    let j = sg_lane % LG;
+    let hk = h / G;
+    // Generated (every private value a named variable, nothing indexed): q0.. (this lane's dims of
+    // q, scaled), a0.. (accumulators), the rounds' loads and updates, the own key, the group merge.
+{{ATTN_Q}}
+    var m = NEG;
+    var sum = 0.0;
+    let kbase = p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + hk * (D / 4u) + j * DPV;
+    let vbase = kbase + p.max_ctx * (HKV * D / 4u);
+    for (var k0 = key0; k0 < kend; k0 += 4u * stride) {
+{{ATTN_ROUND}}
+    }
+    if own {
+        let i = vec4<u32>(hk * D + j * DPL) + vec4<u32>(0u, 1u, 2u, 3u);
+{{ATTN_OWN}}
+    }
+    for (var o = LG; o < sg_size; o <<= 1u) {
+        let m2 = subgroupShuffleXor(m, o);
+        let s2 = subgroupShuffleXor(sum, o);
+        let mm = max(m, m2);
+        let al = exp(m - mm);
+        let be = exp(m2 - mm);
+        sum = sum * al + s2 * be;
+{{ATTN_MERGE}}
+        m = mm;
+    }
+    var st: AttnState;
+    st.m = m;
+    st.sum = sum;
+{{ATTN_OUT}}
+    return st;
+}
+
 @compute @workgroup_size(256)
 fn decode_step(
     @builtin(local_invocation_index) lid: u32,
@@ -272,6 +324,8 @@ fn decode_step(
     let pos = step[p.off_step + 1u];
     let ck = max(CK_MIN, ((kv_len + MAXC - 1u) / MAXC + 15u) & ~15u);
     let n_chunks = (kv_len + ck - 1u) / ck;
+    let whole = kv_len <= WHOLE_MAX;
+    let kgs = sg_size / LG;
     var bar = 0u;
 
     for (var l = 0u; l < L; l++) {
@@ -314,118 +368,66 @@ fn decode_step(
         bar++;
         grid_barrier(p.off_s, bar, n_wg, lid);
 
-        // ---- Attention: unit (head h, chunk c of ck keys). Lanes in groups of LG take a key each;
-        // lane j of a group owns dims j DPL .. + DPL. Partial (acc, max, sum) to A_PART.
-        let kgs = sg_size / LG;
-        let g = sg_lane / LG;
-        let j = sg_lane % LG;
-        for (var u = team; u < HQ * n_chunks && (SKIP & 2u) == 0u; u += teams) {
-            let h = u / n_chunks;
-            let c = u % n_chunks;
-            let hk = h / G;
-            var q: array<vec4<f32>, DPV>;
-            for (var t = 0u; t < DPV; t++) {
-                let i = vec4<u32>(h * D + j * DPL + 4u * t) + vec4<u32>(0u, 1u, 2u, 3u);
-                q[t] = act_load4(act_at(A_Q), i, HQ * D) * p.scale;
-            }
-            var m = NEG;
-            var sum = 0.0;
-            var acc: array<vec4<f32>, DPV>;
-            let k_end = min(kv_len, (c + 1u) * ck);
-            let kbase = p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + hk * (D / 4u);
-            let vbase = kbase + p.max_ctx * (HKV * D / 4u);
-            // Keys from the cache (all but the step's own, pos = kv_len - 1, the last one), four per
-            // group per round with every load issued first. The whole subgroup steps together (the
-            // shuffles need every lane); a group past the end computes on a clamped key and keeps its
-            // state.
-            let kend = min(k_end, pos);
-            for (var k0 = c * ck; k0 < kend; k0 += 4u * kgs) {
-                var kk: array<vec4<f16>, 4u * DPV>;
-                var vv: array<vec4<f16>, 4u * DPV>;
-                for (var rr = 0u; rr < 4u; rr++) {
-                    let key = min(k0 + rr * kgs + g, kend - 1u);
-                    let ko = kbase + key * (HKV * D / 4u) + j * DPV;
-                    let vo = vbase + key * (HKV * D / 4u) + j * DPV;
+        // ---- Attention. Up to ROWS_MAX keys (whole = true): a workgroup per head, its subgroups'
+        // groups dealing the keys, merged in workgroup memory, straight to A_ATT. Past that: unit
+        // (head h, chunk c of ck keys) per team, partials to A_PART, merged by the next phase.
+        if whole {
+            for (var h = wid.x; h < HQ && (SKIP & 2u) == 0u; h += n_wg) {
+                let st = attend(h, sg_id * kgs, pos, n_sg * kgs, sg_id == 0u, l, sg_lane, sg_size);
+                if sg_lane < LG {
                     for (var t = 0u; t < DPV; t++) {
-                        kk[rr * DPV + t] = kv[ko + t];
-                        vv[rr * DPV + t] = kv[vo + t];
-                    }
-                }
-                for (var rr = 0u; rr < 4u; rr++) {
-                    var sc = 0.0;
-                    for (var t = 0u; t < DPV; t++) {
-                        sc += dot(q[t], vec4<f32>(kk[rr * DPV + t]));
-                    }
-                    for (var o = 1u; o < LG; o <<= 1u) {
-                        sc += subgroupShuffleXor(sc, o);
-                    }
-                    if k0 + rr * kgs + g < kend {
-                        let m_new = max(m, sc);
-                        let a = exp(m - m_new);
-                        let pk = exp(sc - m_new);
-                        sum = sum * a + pk;
-                        for (var t = 0u; t < DPV; t++) {
-                            acc[t] = acc[t] * a + pk * vec4<f32>(vv[rr * DPV + t]);
+                        for (var e = 0u; e < 4u; e++) {
+                            hm[sg_id * (D + 2u) + sg_lane * DPL + 4u * t + e] = st.acc[t][e];
                         }
-                        m = m_new;
+                    }
+                    if sg_lane == 0u {
+                        hm[sg_id * (D + 2u) + D] = st.m;
+                        hm[sg_id * (D + 2u) + D + 1u] = st.sum;
                     }
                 }
+                workgroupBarrier();
+                for (var dd = lid; dd < D; dd += WG) {
+                    var mx = NEG;
+                    for (var k = 0u; k < n_sg; k++) {
+                        mx = max(mx, hm[k * (D + 2u) + D]);
+                    }
+                    var den = 0.0;
+                    var o = 0.0;
+                    for (var k = 0u; k < n_sg; k++) {
+                        let f = exp(hm[k * (D + 2u) + D] - mx);
+                        den += f * hm[k * (D + 2u) + D + 1u];
+                        o += f * hm[k * (D + 2u) + dd];
+                    }
+                    act_store(act_at(A_ATT + h * D + dd), select(0.0, o / den, den > 0.0));
+                }
+                workgroupBarrier();
             }
-            // The step's own key and value, from this dispatch's QKV phase: group 0 of the last chunk.
-            if k_end == kv_len {
-                var sc = 0.0;
-                var vk: array<vec4<f32>, DPV>;
-                for (var t = 0u; t < DPV; t++) {
-                    let i = vec4<u32>(hk * D + j * DPL + 4u * t) + vec4<u32>(0u, 1u, 2u, 3u);
-                    sc += dot(q[t], act_load4(act_at(A_K), i, HKV * D));
-                    vk[t] = act_load4(act_at(A_V), i, HKV * D);
-                }
-                for (var o = 1u; o < LG; o <<= 1u) {
-                    sc += subgroupShuffleXor(sc, o);
-                }
-                if g == 0u {
-                    let m_new = max(m, sc);
-                    let a = exp(m - m_new);
-                    let pk = exp(sc - m_new);
-                    sum = sum * a + pk;
+        } else {
+            for (var u = team; u < HQ * n_chunks && (SKIP & 2u) == 0u; u += teams) {
+                let h = u / n_chunks;
+                let c = u % n_chunks;
+                let k_end = min(kv_len, (c + 1u) * ck);
+                let st = attend(h, c * ck, min(k_end, pos), kgs, k_end == kv_len, l, sg_lane, sg_size);
+                if sg_lane < LG {
+                    let base = act_at(A_PART + (h * MAXC + c) * (D + 2u));
                     for (var t = 0u; t < DPV; t++) {
-                        acc[t] = acc[t] * a + pk * vk[t];
+                        for (var e = 0u; e < 4u; e++) {
+                            act_store(base + sg_lane * DPL + 4u * t + e, st.acc[t][e]);
+                        }
                     }
-                    m = m_new;
-                }
-            }
-            // Merge the key groups of the subgroup (lanes LG apart hold the same dims).
-            for (var o = LG; o < sg_size; o <<= 1u) {
-                let m2 = subgroupShuffleXor(m, o);
-                let s2 = subgroupShuffleXor(sum, o);
-                let mm = max(m, m2);
-                let a = exp(m - mm);
-                let b = exp(m2 - mm);
-                sum = sum * a + s2 * b;
-                for (var t = 0u; t < DPV; t++) {
-                    acc[t] = acc[t] * a + subgroupShuffleXor(acc[t], o) * b;
-                }
-                m = mm;
-            }
-            if g == 0u {
-                let base = act_at(A_PART + (h * MAXC + c) * (D + 2u));
-                for (var t = 0u; t < DPV; t++) {
-                    for (var e = 0u; e < 4u; e++) {
-                        act_store(base + j * DPL + 4u * t + e, acc[t][e]);
+                    if sg_lane == 0u {
+                        act_store(base + D, st.m);
+                        act_store(base + D + 1u, st.sum);
                     }
                 }
-                if j == 0u {
-                    act_store(base + D, m);
-                    act_store(base + D + 1u, sum);
-                }
             }
+            bar++;
+            grid_barrier(p.off_s, bar, n_wg, lid);
         }
-        bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
 
         // ---- Merge: unit (head h, dims 8 db .. + 8); lane c takes chunks c, c + S, ... (online), then
         // the subgroup combines its lanes. Out: the head's normalised output to A_ATT.
-        for (var u = team; u < HQ * (D / 8u) && (SKIP & 2u) == 0u; u += teams) {
+        for (var u = team; u < HQ * (D / 8u) && !whole && (SKIP & 2u) == 0u; u += teams) {
             let h = u / (D / 8u);
             let db = u % (D / 8u);
             var m = NEG;

@@ -11,6 +11,7 @@ use drift_engine::generate::{GenerateOptions, LlmSession, StopReason};
 use drift_engine::models::hf::HfFolder;
 use drift_engine::models::llama::QuantScheme;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights};
+use drift_engine::models::llama_step::StepOptions;
 use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
@@ -527,10 +528,10 @@ fn one_dispatch_decode_step_matches_the_program() {
     for name in ["llama-gqa", "qwen2-bias", "llama3-rope-tied"] {
         let (_, r) = fixture(name);
         let prompt = ids(&r["prompt_ids"]);
-        let run = |n_wg: Option<u32>| {
+        let run = |step: Option<StepOptions>| {
             let (f, _) = fixture(name);
             let w = LlamaWeights::load(gpu, &f.config, &f.weights, QuantScheme::None).unwrap();
-            let m = LlamaModel::with_decode_step(gpu, f.config.clone(), w, 64, n_wg).unwrap();
+            let m = LlamaModel::with_decode_step(gpu, f.config.clone(), w, 64, step).unwrap();
             let on = m.decode_step().is_some();
             let mut s = LlmSession::new(gpu, m, f.tokenizer, None, vec![]).unwrap();
             let opts = GenerateOptions {
@@ -551,14 +552,21 @@ fn one_dispatch_decode_step_matches_the_program() {
         };
         let (want, on, _) = run(None);
         assert!(!on, "{name}: the step is off when not asked for");
-        for n_wg in [1u32, 2] {
-            let (got, on, timed_out) = run(Some(n_wg));
+        // Attention in one workgroup per head (the fixtures' contexts) and dealt over many teams.
+        for (n_wg, whole_max) in [(1u32, 1024u32), (1, 0), (2, 1024), (2, 0)] {
+            let (got, on, timed_out) = run(Some(StepOptions {
+                workgroups: n_wg,
+                whole_max,
+            }));
             if !on || timed_out {
                 assert!(n_wg > 1, "{name}: one workgroup always runs the step");
                 eprintln!("{name}: {n_wg} workgroups did not run concurrently here: skipped");
                 continue;
             }
-            assert_eq!(got, want, "{name}: greedy tokens with {n_wg} workgroups");
+            assert_eq!(
+                got, want,
+                "{name}: greedy tokens with {n_wg} workgroups (whole up to {whole_max})"
+            );
         }
     }
 }

@@ -36,6 +36,9 @@ pub struct StepShape {
     /// The LM head is the embedding table.
     pub tied: bool,
     pub max_ctx: usize,
+    /// KV lengths up to which a head's attention is one workgroup's; past it the keys are dealt over
+    /// many teams and merged by a phase of their own.
+    pub whole_max: u32,
 }
 
 impl StepShape {
@@ -139,7 +142,7 @@ impl StepShape {
 
     /// Workgroup memory the kernel declares.
     pub fn shared_bytes(&self) -> usize {
-        4 * (self.xs() + 64)
+        4 * (self.xs() + 64 + (256 / 8) * (self.d + 2))
     }
 
     /// Bytes a step reads (weights once, the cache up to `kv_len` keys): its cost for the profiler.
@@ -172,6 +175,67 @@ const SOURCE: &str = concat!(
     crate::shader!("grid_sync.wgsl"),
     crate::shader!("rope_angle.wgsl"),
 );
+
+/// The attention blocks of the shader for `dpv` vec4s of dims per lane, every private value a named
+/// variable (drivers put indexed private arrays in memory, which made the phase several times slower).
+fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
+    let lines = |f: &dyn Fn(usize) -> String| (0..dpv).map(f).collect::<Vec<_>>().join("\n");
+    let q = lines(&|t| {
+        format!(
+            "    let q{t} = act_load4(act_at(A_Q), vec4<u32>(h * D + j * DPL + {}u) + vec4<u32>(0u, 1u, 2u, 3u), HQ * D) * p.scale;\n    var a{t} = vec4<f32>(0.0);",
+            4 * t
+        )
+    });
+    let mut round = String::new();
+    for r in 0..4 {
+        round += &format!("        let key{r} = min(k0 + {r}u * stride + g, kend - 1u);\n");
+        for t in 0..dpv {
+            round += &format!(
+                "        let k{r}_{t} = kv[kbase + key{r} * (HKV * D / 4u) + {t}u];\n        let v{r}_{t} = kv[vbase + key{r} * (HKV * D / 4u) + {t}u];\n"
+            );
+        }
+    }
+    for r in 0..4 {
+        let dots: Vec<String> = (0..dpv)
+            .map(|t| format!("dot(q{t}, vec4<f32>(k{r}_{t}))"))
+            .collect();
+        let upd: String = (0..dpv)
+            .map(|t| format!("            a{t} = a{t} * al + pk * vec4<f32>(v{r}_{t});\n"))
+            .collect();
+        round += &format!(
+            "        var s{r} = {};\n        for (var o = 1u; o < LG; o <<= 1u) {{\n            s{r} += subgroupShuffleXor(s{r}, o);\n        }}\n        if k0 + {r}u * stride + g < kend {{\n            let mn = max(m, s{r});\n            let al = exp(m - mn);\n            let pk = exp(s{r} - mn);\n            sum = sum * al + pk;\n{upd}            m = mn;\n        }}\n",
+            dots.join(" + ")
+        );
+    }
+    let own_dots: Vec<String> = (0..dpv)
+        .map(|t| {
+            format!(
+                "dot(q{t}, act_load4(act_at(A_K), i + vec4<u32>({}u), HKV * D))",
+                4 * t
+            )
+        })
+        .collect();
+    let mut own = lines(&|t| {
+        format!(
+            "        let vk{t} = act_load4(act_at(A_V), i + vec4<u32>({}u), HKV * D);",
+            4 * t
+        )
+    });
+    let own_upd = lines(&|t| format!("            a{t} = a{t} * al + pk * vk{t};"));
+    own += &format!(
+        "\n        var so = {};\n        for (var o = 1u; o < LG; o <<= 1u) {{\n            so += subgroupShuffleXor(so, o);\n        }}\n        if g == 0u {{\n            let mn = max(m, so);\n            let al = exp(m - mn);\n            let pk = exp(so - mn);\n            sum = sum * al + pk;\n{own_upd}\n            m = mn;\n        }}",
+        own_dots.join(" + ")
+    );
+    let merge = lines(&|t| format!("        a{t} = a{t} * al + subgroupShuffleXor(a{t}, o) * be;"));
+    let out = lines(&|t| format!("    st.acc[{t}] = a{t};"));
+    vec![
+        ("ATTN_Q", q),
+        ("ATTN_ROUND", round.trim_end().to_string()),
+        ("ATTN_OWN", own),
+        ("ATTN_MERGE", merge),
+        ("ATTN_OUT", out),
+    ]
+}
 
 /// Phases whose work a measurement skips (`DRIFT_DECODE_STEP_SKIP`, a bit mask; see the shader).
 fn skip_mask() -> u32 {
@@ -218,7 +282,9 @@ pub fn decode_step(
     .define("W_EMBED", s.w_embed())
     .define("F_LAYER", s.f_layer())
     .define("XS", s.xs())
-    .define("SKIP", skip_mask());
+    .define("SKIP", skip_mask())
+    .defines(attention_blocks(s.d / s.lanes_per_key() / 4))
+    .define("WHOLE_MAX", s.whole_max);
     let kernel = gpu.kernel(&spec)?;
     gpu.dispatch(
         &kernel,

@@ -36,7 +36,7 @@ use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
 use crate::memory::Category;
 use crate::models::config::LlmConfig;
-use crate::models::llama_step::{self, DecodeStep};
+use crate::models::llama_step::{self, DecodeStep, StepOptions};
 use crate::tensor::{DType, Tensor};
 
 /// Rows at or below which a projection uses the matrix-vector kernels (decode, tiny prefills).
@@ -175,18 +175,18 @@ pub struct LlamaModel {
 
 impl LlamaModel {
     pub fn new(gpu: &Gpu, cfg: LlmConfig, w: LlamaWeights, max_ctx: usize) -> Result<LlamaModel> {
-        let n_wg = llama_step::requested_workgroups();
-        LlamaModel::with_decode_step(gpu, cfg, w, max_ctx, n_wg)
+        let step = llama_step::requested();
+        LlamaModel::with_decode_step(gpu, cfg, w, max_ctx, step)
     }
 
-    /// [`LlamaModel::new`] with the one-dispatch decode step over `step_workgroups` workgroups where
-    /// it serves the model and the device runs that grid concurrently (`None`: never).
+    /// [`LlamaModel::new`] with the one-dispatch decode step built as `step` where it serves the model
+    /// and the device runs its grid concurrently (`None`: never).
     pub fn with_decode_step(
         gpu: &Gpu,
         cfg: LlmConfig,
         mut w: LlamaWeights,
         max_ctx: usize,
-        step_workgroups: Option<u32>,
+        step_opts: Option<StepOptions>,
     ) -> Result<LlamaModel> {
         let u32s = |name: &str, n: usize| gpu.tensor(name, &[n], DType::U32, Category::Activations);
         let step = u32s("step", 2)?;
@@ -195,8 +195,8 @@ impl LlamaModel {
         // The one-dispatch decode step where it serves this model (it also lays out the KV cache).
         let mut kv = Vec::new();
         let mut decode_step = None;
-        if let Some(n_wg) = step_workgroups
-            && let Some(shape) = llama_step::step_shape(gpu, &cfg, &w, max_ctx)
+        if let Some(opts) = step_opts
+            && let Some(shape) = llama_step::step_shape(gpu, &cfg, &w, max_ctx, &opts)
         {
             let built = llama_step::build(
                 gpu,
@@ -207,7 +207,7 @@ impl LlamaModel {
                 &step,
                 &ids.view(0, &[1])?,
                 &logits,
-                n_wg,
+                opts.workgroups,
             )
             .and_then(|s| llama_step::calibrated(gpu, s, &step, &ids));
             match built {

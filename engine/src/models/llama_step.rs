@@ -23,17 +23,43 @@ use crate::tensor::{DType, Tensor};
 /// (132), where the grid barrier was measured (BENCHMARKS.md).
 pub const DEFAULT_WORKGROUPS: u32 = 132;
 
-/// The grid the environment asks for: `None` when `DRIFT_DECODE_STEP=0`.
-pub fn requested_workgroups() -> Option<u32> {
+/// KV length up to which a head's attention runs in one workgroup unless `DRIFT_DECODE_STEP_WHOLE`
+/// says otherwise.
+pub const DEFAULT_WHOLE_MAX: u32 = 1024;
+
+/// How the step is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepOptions {
+    /// Workgroups of the grid (all must run concurrently).
+    pub workgroups: u32,
+    /// See [`StepShape::whole_max`].
+    pub whole_max: u32,
+}
+
+impl StepOptions {
+    pub fn new(workgroups: u32) -> StepOptions {
+        StepOptions {
+            workgroups,
+            whole_max: DEFAULT_WHOLE_MAX,
+        }
+    }
+}
+
+/// The step the environment asks for: `None` when `DRIFT_DECODE_STEP=0`.
+pub fn requested() -> Option<StepOptions> {
     if matches!(std::env::var("DRIFT_DECODE_STEP").as_deref(), Ok("0")) {
         return None;
     }
-    let n = std::env::var("DRIFT_DECODE_STEP_WG")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(DEFAULT_WORKGROUPS);
-    Some(n)
+    let env = |name: &str, default: u32| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    Some(StepOptions {
+        workgroups: env("DRIFT_DECODE_STEP_WG", DEFAULT_WORKGROUPS).max(1),
+        whole_max: env("DRIFT_DECODE_STEP_WHOLE", DEFAULT_WHOLE_MAX),
+    })
 }
 
 /// The packed buffers and the step program.
@@ -57,6 +83,7 @@ pub fn step_shape(
     cfg: &LlmConfig,
     w: &LlamaWeights,
     max_ctx: usize,
+    opts: &StepOptions,
 ) -> Option<StepShape> {
     let c = &gpu.caps;
     let plain = |l: &Linear| matches!(&l.parts[..], [p] if p.dtype == DType::F16);
@@ -84,6 +111,7 @@ pub fn step_shape(
         bias,
         tied: same_tensor(&w.embed, &w.lm_head.parts[0]),
         max_ctx,
+        whole_max: opts.whole_max,
     };
     let fits = |elems: usize, bytes: u64| (elems as u64) * bytes <= c.max_storage_binding;
     let ok = c.f16
