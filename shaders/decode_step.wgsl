@@ -95,10 +95,6 @@ var<workgroup> red: array<f32, 64>;
 // The subgroups' attention states (acc, max, sum) of one head, for the workgroup's merge.
 var<workgroup> hm: array<f32, (WG / 8u) * (D + 2u)>;
 
-fn xs_set(i: u32, x: f32) {
-    xs[i >> 2u][i & 3u] = x;
-}
-
 fn act_at(o: u32) -> u32 {
     return p.off_s + A_SYNC + o;
 }
@@ -149,51 +145,68 @@ fn dot8(v: vec4<u32>, c: u32) -> f32 {
     return dot(a, xs[2u * c]) + dot(b, xs[2u * c + 1u]);
 }
 
-// The row products below issue four 16-byte loads per lane before using any (the phases are latency
+// The row products issue four 16-byte loads per lane before using any (the phases are latency
 // chains, not bandwidth: one memory round trip per four loads). Indices past the row are clamped to
 // its last chunk and their products dropped.
 
-// The team's dot product of the weight row at element `base` (k wide) with xs: every lane gets it.
-fn row_dot(base: u32, k: u32, lane: u32, sg_size: u32) -> f32 {
-    let n = k / 8u;
-    let b = (p.off_w + base) >> 3u;
-    var acc = 0.0;
-    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
-        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
-        let v0 = w[b + c.x];
-        let v1 = w[b + c.y];
-        let v2 = w[b + c.z];
-        let v3 = w[b + c.w];
-        acc += dot8(v0, c.x);
-        acc += select(0.0, dot8(v1, c.y), c0 + sg_size < n);
-        acc += select(0.0, dot8(v2, c.z), c0 + 2u * sg_size < n);
-        acc += select(0.0, dot8(v3, c.w), c0 + 3u * sg_size < n);
-    }
-    return subgroupAdd(acc);
+// Two rows' first four chunks per lane, loaded ahead (before a grid barrier's wait) and finished
+// after it: the phases' weights do not depend on the phase before, so their memory round trip
+// overlaps the barrier.
+struct Rows2 {
+    u0: vec4<u32>,
+    u1: vec4<u32>,
+    u2: vec4<u32>,
+    u3: vec4<u32>,
+    v0: vec4<u32>,
+    v1: vec4<u32>,
+    v2: vec4<u32>,
+    v3: vec4<u32>,
 }
 
-// Two rows at once (rotary pairs, gate and up, LM head rows), sharing the xs reads.
-fn row_dot2(b0: u32, b1: u32, k: u32, lane: u32, sg_size: u32) -> vec2<f32> {
+// Chunks c0 + {0, 1, 2, 3} S (clamped to the row) of the rows at elements b.x, b.y.
+fn rows_load(b: vec2<u32>, c0: u32, n: u32, sg_size: u32) -> Rows2 {
+    let r = (vec2<u32>(p.off_w) + b) >> vec2<u32>(3u);
+    let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+    return Rows2(w[r.x + c.x], w[r.x + c.y], w[r.x + c.z], w[r.x + c.w], w[r.y + c.x], w[r.y + c.y], w[r.y + c.z], w[r.y + c.w]);
+}
+
+fn rows_dot(x: Rows2, c0: u32, n: u32, sg_size: u32) -> vec2<f32> {
+    let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+    var a = select(vec2<f32>(0.0), vec2<f32>(dot8(x.u0, c.x), dot8(x.v0, c.x)), c0 < n);
+    a += select(vec2<f32>(0.0), vec2<f32>(dot8(x.u1, c.y), dot8(x.v1, c.y)), c0 + sg_size < n);
+    a += select(vec2<f32>(0.0), vec2<f32>(dot8(x.u2, c.z), dot8(x.v2, c.z)), c0 + 2u * sg_size < n);
+    a += select(vec2<f32>(0.0), vec2<f32>(dot8(x.u3, c.w), dot8(x.v3, c.w)), c0 + 3u * sg_size < n);
+    return a;
+}
+
+// The two rows' products with xs (k wide), the first chunks from `pre`.
+fn rows_finish(pre: Rows2, b: vec2<u32>, k: u32, lane: u32, sg_size: u32) -> vec2<f32> {
     let n = k / 8u;
-    let r0 = (p.off_w + b0) >> 3u;
-    let r1 = (p.off_w + b1) >> 3u;
-    var a = vec2<f32>(0.0);
-    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
-        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
-        let u0 = w[r0 + c.x];
-        let u1 = w[r0 + c.y];
-        let u2 = w[r0 + c.z];
-        let u3 = w[r0 + c.w];
-        let v0 = w[r1 + c.x];
-        let v1 = w[r1 + c.y];
-        let v2 = w[r1 + c.z];
-        let v3 = w[r1 + c.w];
-        a += vec2<f32>(dot8(u0, c.x), dot8(v0, c.x));
-        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u1, c.y), dot8(v1, c.y)), c0 + sg_size < n);
-        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u2, c.z), dot8(v2, c.z)), c0 + 2u * sg_size < n);
-        a += select(vec2<f32>(0.0), vec2<f32>(dot8(u3, c.w), dot8(v3, c.w)), c0 + 3u * sg_size < n);
+    var a = rows_dot(pre, lane, n, sg_size);
+    for (var c0 = lane + 4u * sg_size; c0 < n; c0 += 4u * sg_size) {
+        a += rows_dot(rows_load(b, c0, n, sg_size), c0, n, sg_size);
     }
     return vec2<f32>(subgroupAdd(a.x), subgroupAdd(a.y));
+}
+
+// The rows of each phase's unit: a rotary pair of QKV rows; an O row (twice); gate and up rows of
+// one unit; a down row (twice).
+fn qkv_rows(l: u32, u: u32) -> vec2<u32> {
+    let hb = u / (D / 2u);
+    let e = rope_dims(u % (D / 2u), ROT);
+    return vec2<u32>(l * W_LAYER + W_QKV) + (vec2<u32>(hb * D) + e) * H;
+}
+
+fn o_rows(l: u32, row: u32) -> vec2<u32> {
+    return vec2<u32>(l * W_LAYER + W_O + row * (HQ * D));
+}
+
+fn gu_rows(l: u32, i: u32) -> vec2<u32> {
+    return vec2<u32>(l * W_LAYER + W_GU) + vec2<u32>(i, I + i) * H;
+}
+
+fn down_rows(l: u32, row: u32) -> vec2<u32> {
+    return vec2<u32>(l * W_LAYER + W_DOWN + row * I);
 }
 
 // Four rows at once (two gate-up units, LM head rows): 8 loads in flight per lane.
@@ -226,36 +239,51 @@ fn act_load4(o: u32, i: vec4<u32>, n: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, i < vec4<u32>(n));
 }
 
-// Layer l's input at i (four at once; past H: zeros): the token's embedding row for layer 0, else the
-// last layer's output.
-fn x_in4(l: u32, i: vec4<u32>) -> vec4<f32> {
+// Four consecutive activations, scratch words o + 4q ..
+fn act_vec4(o: u32, q: u32) -> vec4<f32> {
+    let b = o + 4u * q;
+    return vec4<f32>(act_load(b), act_load(b + 1u), act_load(b + 2u), act_load(b + 3u));
+}
+
+// Elements 4q .. 4q + 3 of layer l's input: the token's embedding row for layer 0, else the last
+// layer's output.
+fn x_in_vec4(l: u32, q: u32) -> vec4<f32> {
     if l == 0u {
-        let j = min(i, vec4<u32>(H - 1u));
-        let e = W_EMBED + ids[p.off_ids] * H;
-        let x = vec4<f32>(w_elem(e + j.x), w_elem(e + j.y), w_elem(e + j.z), w_elem(e + j.w));
-        return select(vec4<f32>(0.0), x, i < vec4<u32>(H));
+        let e = W_EMBED + ids[p.off_ids] * H + 4u * q;
+        return vec4<f32>(w_elem(e), w_elem(e + 1u), w_elem(e + 2u), w_elem(e + 3u));
     }
-    return act_load4(act_at(A_XB), i, H);
+    return act_vec4(act_at(A_XB), q);
+}
+
+// xs = the n activations at scratch words o.. (each invocation writes whole vec4s: a write of one
+// component can be a read-modify-write of the vector), two vec4s per invocation per round.
+fn load_xs(o: u32, n: u32, lid: u32) {
+    for (var q0 = lid; q0 < n / 4u; q0 += 2u * WG) {
+        let q1 = min(q0 + WG, n / 4u - 1u);
+        let a = act_vec4(o, q0);
+        let b = act_vec4(o, q1);
+        xs[q0] = a;
+        if q0 + WG < n / 4u {
+            xs[q1] = b;
+        }
+    }
+    workgroupBarrier();
 }
 
 // xs = x * g for the H values of x (g at fp[g]); returns 1 / sqrt(mean(x^2) + eps). `x` is layer l's
 // input (src 0), xa (1) or the last layer's output (2).
 fn load_normed(src: u32, l: u32, g: u32, lid: u32, sg_id: u32, sg_lane: u32, n_sg: u32) -> f32 {
     var ss = 0.0;
-    for (var i0 = lid; i0 < H; i0 += 4u * WG) {
-        let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
+    for (var q = lid; q < H / 4u; q += WG) {
         var x: vec4<f32>;
         if src == 0u {
-            x = x_in4(l, i);
+            x = x_in_vec4(l, q);
         } else {
-            x = act_load4(act_at(select(A_XB, A_XA, src == 1u)), i, H);
+            x = act_vec4(act_at(select(A_XB, A_XA, src == 1u)), q);
         }
         ss += dot(x, x);
-        for (var t = 0u; t < 4u; t++) {
-            if i[t] < H {
-                xs_set(i[t], x[t] * fp[p.off_f + g + i[t]]);
-            }
-        }
+        let f = p.off_f + g + 4u * q;
+        xs[q] = x * vec4<f32>(fp[f], fp[f + 1u], fp[f + 2u], fp[f + 3u]);
     }
     return inverseSqrt(wg_sum(ss, sg_id, sg_lane, n_sg) / f32(H) + p.eps);
 }
@@ -327,6 +355,11 @@ fn decode_step(
     let whole = kv_len <= WHOLE_MAX;
     let kgs = sg_size / LG;
     var bar = 0u;
+    // Each team's first unit of the next matrix phase, loaded ahead.
+    var pre: Rows2;
+    if team < NQKV / 2u {
+        pre = rows_load(qkv_rows(0u, team), sg_lane, H / 8u, sg_size);
+    }
 
     for (var l = 0u; l < L; l++) {
         let wl = l * W_LAYER;
@@ -338,7 +371,11 @@ fn decode_step(
             let pair = u % (D / 2u);
             let e = rope_dims(pair, ROT);
             let rows = vec2<u32>(hb * D + e.x, hb * D + e.y);
-            var y = row_dot2(wl + W_QKV + rows.x * H, wl + W_QKV + rows.y * H, H, sg_lane, sg_size) * r;
+            let b = qkv_rows(l, u);
+            if u != team {
+                pre = rows_load(b, sg_lane, H / 8u, sg_size);
+            }
+            var y = rows_finish(pre, b, H, sg_lane, sg_size) * r;
 #if BIAS
             y += vec2<f32>(fp[p.off_f + fl + F_BIAS + rows.x], fp[p.off_f + fl + F_BIAS + rows.y]);
 #endif
@@ -352,23 +389,30 @@ fn decode_step(
                     act_store(act_at(A_Q + rows.x), y.x);
                     act_store(act_at(A_Q + rows.y), y.y);
                 } else {
-                    // k (block HQ..) or v (block HQ + HKV..): the step's row for this step's attention,
-                    // and into the cache for later steps.
+                    // k (block HQ..) or v (block HQ + HKV..): the step's row, for this step's attention
+                    // and (by the next phase) the cache.
                     let is_v = hb >= HQ + HKV;
                     let d0 = select(o, o - vec2<u32>(HKV * D), is_v);
                     let a = select(A_K, A_V, is_v);
                     act_store(act_at(a + d0.x), y.x);
                     act_store(act_at(a + d0.y), y.y);
-                    let c = p.off_kv / 4u + ((2u * l + select(0u, 1u, is_v)) * p.max_ctx + pos) * (HKV * D / 4u);
-                    kv[c + d0.x / 4u][d0.x % 4u] = f16(y.x);
-                    kv[c + d0.y / 4u][d0.y % 4u] = f16(y.y);
                 }
             }
         }
         bar++;
         grid_barrier(p.off_s, bar, n_wg, lid);
 
-        // ---- Attention. Up to ROWS_MAX keys (whole = true): a workgroup per head, its subgroups'
+        // The step's K and V rows into the cache for later steps, whole vec4s by one invocation each
+        // (the QKV units' rows share vec4s).
+        let gt = wid.x * WG + lid;
+        if gt < 2u * HKV * D / 4u {
+            let is_v = gt >= HKV * D / 4u;
+            let q = gt % (HKV * D / 4u);
+            let row = p.off_kv / 4u + ((2u * l + select(0u, 1u, is_v)) * p.max_ctx + pos) * (HKV * D / 4u);
+            kv[row + q] = vec4<f16>(act_vec4(act_at(select(A_K, A_V, is_v)), q));
+        }
+
+        // ---- Attention. Up to WHOLE_MAX keys (whole = true): a workgroup per head, its subgroups'
         // groups dealing the keys, merged in workgroup memory, straight to A_ATT. Past that: unit
         // (head h, chunk c of ck keys) per team, partials to A_PART, merged by the next phase.
         if whole {
@@ -464,64 +508,67 @@ fn decode_step(
             }
         }
         bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
+        grid_arrive(p.off_s, lid);
+        if team < H {
+            pre = rows_load(o_rows(l, team), sg_lane, HQ * D / 8u, sg_size);
+        }
+        grid_wait(p.off_s, bar, n_wg, lid);
 
         // ---- O + residual.
-        for (var i0 = lid; i0 < HQ * D; i0 += 4u * WG) {
-            let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
-            let x = act_load4(act_at(A_ATT), i, HQ * D);
-            for (var t = 0u; t < 4u; t++) {
-                if i[t] < HQ * D {
-                    xs_set(i[t], x[t]);
-                }
-            }
-        }
-        workgroupBarrier();
+        load_xs(act_at(A_ATT), HQ * D, lid);
         for (var row = team; row < H && (SKIP & 4u) == 0u; row += teams) {
             let res = x_in(l, row);
-            let y = row_dot(wl + W_O + row * (HQ * D), HQ * D, sg_lane, sg_size);
+            if row != team {
+                pre = rows_load(o_rows(l, row), sg_lane, HQ * D / 8u, sg_size);
+            }
+            let y = rows_finish(pre, o_rows(l, row), HQ * D, sg_lane, sg_size).x;
             if sg_lane == 0u {
                 act_store(act_at(A_XA + row), y + res);
             }
         }
         bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
+        grid_arrive(p.off_s, lid);
+        if team < I {
+            pre = rows_load(gu_rows(l, team), sg_lane, H / 8u, sg_size);
+        }
+        grid_wait(p.off_s, bar, n_wg, lid);
 
         // ---- gate-up + SwiGLU: xs = xa * ffn_norm; unit i = gate row i and up row I + i.
         let r2 = load_normed(1u, l, fl + F_FFN_NORM, lid, sg_id, sg_lane, teams_per_wg);
-        // Two units per team at once where there are more units than teams.
-        for (var i = team; i < I && (SKIP & 8u) == 0u; i += 2u * teams) {
-            let i2 = min(i + teams, I - 1u);
-            let g = wl + W_GU;
-            let y = row_dot4(vec4<u32>(g + i * H, g + (I + i) * H, g + i2 * H, g + (I + i2) * H), H, sg_lane, sg_size) * r2;
+        for (var i = team; i < I && (SKIP & 8u) == 0u; i += teams) {
+            if i != team {
+                pre = rows_load(gu_rows(l, i), sg_lane, H / 8u, sg_size);
+            }
+            let y = rows_finish(pre, gu_rows(l, i), H, sg_lane, sg_size) * r2;
             if sg_lane == 0u {
                 act_store(act_at(A_ACT + i), y.x / (1.0 + exp(-y.x)) * y.y);
-                act_store(act_at(A_ACT + i2), y.z / (1.0 + exp(-y.z)) * y.w);
             }
         }
         bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
+        grid_arrive(p.off_s, lid);
+        if team < H {
+            pre = rows_load(down_rows(l, team), sg_lane, I / 8u, sg_size);
+        }
+        grid_wait(p.off_s, bar, n_wg, lid);
 
         // ---- down + residual.
-        for (var i0 = lid; i0 < I; i0 += 4u * WG) {
-            let i = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) * WG;
-            let x = act_load4(act_at(A_ACT), i, I);
-            for (var t = 0u; t < 4u; t++) {
-                if i[t] < I {
-                    xs_set(i[t], x[t]);
-                }
-            }
-        }
-        workgroupBarrier();
+        load_xs(act_at(A_ACT), I, lid);
         for (var row = team; row < H && (SKIP & 16u) == 0u; row += teams) {
             let res = act_load(act_at(A_XA + row));
-            let y = row_dot(wl + W_DOWN + row * I, I, sg_lane, sg_size);
+            if row != team {
+                pre = rows_load(down_rows(l, row), sg_lane, I / 8u, sg_size);
+            }
+            let y = rows_finish(pre, down_rows(l, row), I, sg_lane, sg_size).x;
             if sg_lane == 0u {
                 act_store(act_at(A_XB + row), y + res);
             }
         }
         bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
+        grid_arrive(p.off_s, lid);
+        if l + 1u < L && team < NQKV / 2u {
+            pre = rows_load(qkv_rows(l + 1u, team), sg_lane, H / 8u, sg_size);
+        }
+        grid_wait(p.off_s, bar, n_wg, lid);
     }
 
     // ---- Final norm and the LM head.

@@ -20,10 +20,23 @@ const TIMED_OUT: u32 = 0x80000000u;
 
 // Waits until all `n_wg` workgroups have arrived at barrier number `i` (1, 2, ...).
 fn grid_barrier(base: u32, i: u32, n_wg: u32, lid: u32) {
+    grid_arrive(base, lid);
+    grid_wait(base, i, n_wg, lid);
+}
+
+// The barrier in two halves: what a workgroup does between them (loads that do not depend on the
+// other workgroups' results, say) overlaps the wait.
+fn grid_arrive(base: u32, lid: u32) {
     storageBarrier();
     if lid == 0u {
+        atomicAdd(&gsync[base], 1u);
+    }
+}
+
+fn grid_wait(base: u32, i: u32, n_wg: u32, lid: u32) {
+    if lid == 0u {
         let want = i * n_wg;
-        var seen = atomicAdd(&gsync[base], 1u) + 1u;
+        var seen = atomicLoad(&gsync[base]);
         // Bounded, in nested loops: some drivers cut a long loop short by themselves (llvmpipe after
         // 65535 iterations), so whether the others came is read from the count, not the loop's end.
         for (var outer = 0u; outer < SPIN_MAX / 1024u && seen < want; outer++) {

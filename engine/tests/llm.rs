@@ -515,8 +515,9 @@ fn fused_decode_matches_unfused() {
 }
 
 /// The one-dispatch decode step (grid barriers between the phases) against the multi-dispatch
-/// program, on grids of one and two workgroups (two run concurrently on lavapipe with two or more
-/// cores; where they do not, the model falls back and the test says so): the same greedy tokens over
+/// program, on grids of one, two and 132 workgroups (one always runs; wider grids where the device
+/// runs them concurrently, as a GPU does and lavapipe at times; where it does not, the model falls
+/// back and the test says so): the same greedy tokens over
 /// a whole generation, and the same logits after the prompt, for every fixture (GQA, q/k/v biases,
 /// llama3 rope scaling with tied embeddings).
 #[test]
@@ -553,7 +554,14 @@ fn one_dispatch_decode_step_matches_the_program() {
         let (want, on, _) = run(None);
         assert!(!on, "{name}: the step is off when not asked for");
         // Attention in one workgroup per head (the fixtures' contexts) and dealt over many teams.
-        for (n_wg, whole_max) in [(1u32, 1024u32), (1, 0), (2, 1024), (2, 0)] {
+        for (n_wg, whole_max) in [
+            (1u32, 1024u32),
+            (1, 0),
+            (2, 1024),
+            (2, 0),
+            (132, 1024),
+            (132, 0),
+        ] {
             let (got, on, timed_out) = run(Some(StepOptions {
                 workgroups: n_wg,
                 whole_max,
