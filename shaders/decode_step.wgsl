@@ -209,24 +209,40 @@ fn down_rows(l: u32, row: u32) -> vec2<u32> {
     return vec2<u32>(l * W_LAYER + W_DOWN + row * I);
 }
 
-// Four rows at once (two gate-up units, LM head rows): 8 loads in flight per lane.
+// Four rows at once (LM head rows): 16 loads in flight per lane.
 fn row_dot4(bases: vec4<u32>, k: u32, lane: u32, sg_size: u32) -> vec4<f32> {
     let n = k / 8u;
     let r = (vec4<u32>(p.off_w) + bases) >> vec4<u32>(3u);
     var a = vec4<f32>(0.0);
-    for (var c0 = lane; c0 < n; c0 += 2u * sg_size) {
-        let c1 = min(c0 + sg_size, n - 1u);
-        let u0 = w[r.x + c0];
-        let u1 = w[r.y + c0];
-        let u2 = w[r.z + c0];
-        let u3 = w[r.w + c0];
-        let v0 = w[r.x + c1];
-        let v1 = w[r.y + c1];
-        let v2 = w[r.z + c1];
-        let v3 = w[r.w + c1];
-        a += vec4<f32>(dot8(u0, c0), dot8(u1, c0), dot8(u2, c0), dot8(u3, c0));
-        if c0 + sg_size < n {
-            a += vec4<f32>(dot8(v0, c1), dot8(v1, c1), dot8(v2, c1), dot8(v3, c1));
+    for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
+        let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
+        let v00 = w[r.x + c.x];
+        let v01 = w[r.y + c.x];
+        let v02 = w[r.z + c.x];
+        let v03 = w[r.w + c.x];
+        let v10 = w[r.x + c.y];
+        let v11 = w[r.y + c.y];
+        let v12 = w[r.z + c.y];
+        let v13 = w[r.w + c.y];
+        let v20 = w[r.x + c.z];
+        let v21 = w[r.y + c.z];
+        let v22 = w[r.z + c.z];
+        let v23 = w[r.w + c.z];
+        let v30 = w[r.x + c.w];
+        let v31 = w[r.y + c.w];
+        let v32 = w[r.z + c.w];
+        let v33 = w[r.w + c.w];
+        if c0 + 0u * sg_size < n {
+            a += vec4<f32>(dot8(v00, c.x), dot8(v01, c.x), dot8(v02, c.x), dot8(v03, c.x));
+        }
+        if c0 + 1u * sg_size < n {
+            a += vec4<f32>(dot8(v10, c.y), dot8(v11, c.y), dot8(v12, c.y), dot8(v13, c.y));
+        }
+        if c0 + 2u * sg_size < n {
+            a += vec4<f32>(dot8(v20, c.z), dot8(v21, c.z), dot8(v22, c.z), dot8(v23, c.z));
+        }
+        if c0 + 3u * sg_size < n {
+            a += vec4<f32>(dot8(v30, c.w), dot8(v31, c.w), dot8(v32, c.w), dot8(v33, c.w));
         }
     }
     return vec4<f32>(subgroupAdd(a.x), subgroupAdd(a.y), subgroupAdd(a.z), subgroupAdd(a.w));
@@ -304,15 +320,23 @@ fn attend(h: u32, key0: u32, kend: u32, stride: u32, own: bool, l: u32, sg_lane:
     let g = sg_lane / LG;
     let j = sg_lane % LG;
     let hk = h / G;
-    // Generated (every private value a named variable, nothing indexed): q0.. (this lane's dims of
-    // q, scaled), a0.. (accumulators), the rounds' loads and updates, the own key, the group merge.
-{{ATTN_Q}}
-    var m = NEG;
-    var sum = 0.0;
+    // Generated (every private value a named variable, nothing indexed): the rounds' loads
+    // (ATTN_LOADS) and updates (ATTN_COMPUTE), q0.. (this lane's dims of q, scaled) and a0..
+    // (accumulators), the own key, the group merge. The first round's cache loads go out before q's
+    // (they do not depend on this dispatch's results), so the two round trips overlap.
     let kbase = p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + hk * (D / 4u) + j * DPV;
     let vbase = kbase + p.max_ctx * (HKV * D / 4u);
-    for (var k0 = key0; k0 < kend; k0 += 4u * stride) {
-{{ATTN_ROUND}}
+    var m = NEG;
+    var sum = 0.0;
+    let k0 = key0;
+{{ATTN_LOADS}}
+{{ATTN_Q}}
+    {
+{{ATTN_COMPUTE}}
+    }
+    for (var k0 = key0 + 4u * stride; k0 < kend; k0 += 4u * stride) {
+{{ATTN_LOADS}}
+{{ATTN_COMPUTE}}
     }
     if own {
         let i = vec4<u32>(hk * D + j * DPL) + vec4<u32>(0u, 1u, 2u, 3u);
@@ -478,13 +502,19 @@ fn decode_step(
             var sum = 0.0;
             var o0 = vec4<f32>(0.0);
             var o1 = vec4<f32>(0.0);
-            for (var c = sg_lane; c < n_chunks; c += sg_size) {
+            // Two chunks per lane per round, all loads first.
+            for (var c = sg_lane; c < n_chunks; c += 2u * sg_size) {
                 let b = act_at(A_PART + (h * MAXC + c) * (D + 2u));
+                let b2 = act_at(A_PART + (h * MAXC + min(c + sg_size, n_chunks - 1u)) * (D + 2u));
+                let d = 8u * db;
                 let mc = act_load(b + D);
                 let sc = act_load(b + D + 1u);
-                let i = vec4<u32>(8u * db) + vec4<u32>(0u, 1u, 2u, 3u);
-                let a0 = act_load4(b, i, D);
-                let a1 = act_load4(b, i + vec4<u32>(4u), D);
+                let a0 = act_vec4(b + d, 0u);
+                let a1 = act_vec4(b + d, 1u);
+                let mc2 = act_load(b2 + D);
+                let sc2 = act_load(b2 + D + 1u);
+                let a20 = act_vec4(b2 + d, 0u);
+                let a21 = act_vec4(b2 + d, 1u);
                 let mm = max(m, mc);
                 let f = exp(m - mm);
                 let fc = exp(mc - mm);
@@ -492,6 +522,15 @@ fn decode_step(
                 o0 = o0 * f + a0 * fc;
                 o1 = o1 * f + a1 * fc;
                 m = mm;
+                if c + sg_size < n_chunks {
+                    let mm2 = max(m, mc2);
+                    let f2 = exp(m - mm2);
+                    let fc2 = exp(mc2 - mm2);
+                    sum = sum * f2 + sc2 * fc2;
+                    o0 = o0 * f2 + a20 * fc2;
+                    o1 = o1 * f2 + a21 * fc2;
+                    m = mm2;
+                }
             }
             let mx = subgroupMax(m);
             let f = exp(m - mx);

@@ -186,15 +186,19 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
             4 * t
         )
     });
-    let mut round = String::new();
+    // One round: four keys per group, every load issued before any use.
+    let mut loads = String::new();
     for r in 0..4 {
-        round += &format!("        let key{r} = min(k0 + {r}u * stride + g, kend - 1u);\n");
+        loads += &format!(
+            "        let kk{r} = min(k0 + {r}u * stride + g, max(kend, 1u) - 1u);\n"
+        );
         for t in 0..dpv {
-            round += &format!(
-                "        let k{r}_{t} = kv[kbase + key{r} * (HKV * D / 4u) + {t}u];\n        let v{r}_{t} = kv[vbase + key{r} * (HKV * D / 4u) + {t}u];\n"
+            loads += &format!(
+                "        let k{r}_{t} = kv[kbase + kk{r} * (HKV * D / 4u) + {t}u];\n        let v{r}_{t} = kv[vbase + kk{r} * (HKV * D / 4u) + {t}u];\n"
             );
         }
     }
+    let mut compute = String::new();
     for r in 0..4 {
         let dots: Vec<String> = (0..dpv)
             .map(|t| format!("dot(q{t}, vec4<f32>(k{r}_{t}))"))
@@ -202,7 +206,7 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
         let upd: String = (0..dpv)
             .map(|t| format!("            a{t} = a{t} * al + pk * vec4<f32>(v{r}_{t});\n"))
             .collect();
-        round += &format!(
+        compute += &format!(
             "        var s{r} = {};\n        for (var o = 1u; o < LG; o <<= 1u) {{\n            s{r} += subgroupShuffleXor(s{r}, o);\n        }}\n        if k0 + {r}u * stride + g < kend {{\n            let mn = max(m, s{r});\n            let al = exp(m - mn);\n            let pk = exp(s{r} - mn);\n            sum = sum * al + pk;\n{upd}            m = mn;\n        }}\n",
             dots.join(" + ")
         );
@@ -230,7 +234,8 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
     let out = lines(&|t| format!("    st.acc[{t}] = a{t};"));
     vec![
         ("ATTN_Q", q),
-        ("ATTN_ROUND", round.trim_end().to_string()),
+        ("ATTN_LOADS", loads.trim_end().to_string()),
+        ("ATTN_COMPUTE", compute.trim_end().to_string()),
         ("ATTN_OWN", own),
         ("ATTN_MERGE", merge),
         ("ATTN_OUT", out),
