@@ -189,6 +189,16 @@ fn rows_finish(pre: Rows2, b: vec2<u32>, k: u32, lane: u32, sg_size: u32) -> vec
     return vec2<f32>(subgroupAdd(a.x), subgroupAdd(a.y));
 }
 
+// The same with the first eight chunks per lane from `pre` and `pre2` (rows_load at lane + 4 S).
+fn rows_finish2(pre: Rows2, pre2: Rows2, b: vec2<u32>, k: u32, lane: u32, sg_size: u32) -> vec2<f32> {
+    let n = k / 8u;
+    var a = rows_dot(pre, lane, n, sg_size) + rows_dot(pre2, lane + 4u * sg_size, n, sg_size);
+    for (var c0 = lane + 8u * sg_size; c0 < n; c0 += 4u * sg_size) {
+        a += rows_dot(rows_load(b, c0, n, sg_size), c0, n, sg_size);
+    }
+    return vec2<f32>(subgroupAdd(a.x), subgroupAdd(a.y));
+}
+
 // The rows of each phase's unit: a rotary pair of QKV rows; an O row (twice); gate and up rows of
 // one unit; a down row (twice).
 fn qkv_rows(l: u32, u: u32) -> vec2<u32> {
@@ -381,6 +391,8 @@ fn decode_step(
     var bar = 0u;
     // Each team's first unit of the next matrix phase, loaded ahead.
     var pre: Rows2;
+    // The second unit of gate-up (or the down row's next chunks), loaded ahead too.
+    var pre2: Rows2;
     if team < NQKV / 2u {
         pre = rows_load(qkv_rows(0u, team), sg_lane, H / 8u, sg_size);
     }
@@ -570,15 +582,21 @@ fn decode_step(
         if team < I {
             pre = rows_load(gu_rows(l, team), sg_lane, H / 8u, sg_size);
         }
+        if team + teams < I {
+            pre2 = rows_load(gu_rows(l, team + teams), sg_lane, H / 8u, sg_size);
+        }
         grid_wait(p.off_s, bar, n_wg, lid);
 
         // ---- gate-up + SwiGLU: xs = xa * ffn_norm; unit i = gate row i and up row I + i.
         let r2 = load_normed(1u, l, fl + F_FFN_NORM, lid, sg_id, sg_lane, teams_per_wg);
         for (var i = team; i < I && (SKIP & 8u) == 0u; i += teams) {
-            if i != team {
-                pre = rows_load(gu_rows(l, i), sg_lane, H / 8u, sg_size);
+            var x = pre;
+            if i == team + teams {
+                x = pre2;
+            } else if i != team {
+                x = rows_load(gu_rows(l, i), sg_lane, H / 8u, sg_size);
             }
-            let y = rows_finish(pre, gu_rows(l, i), H, sg_lane, sg_size) * r2;
+            let y = rows_finish(x, gu_rows(l, i), H, sg_lane, sg_size) * r2;
             if sg_lane == 0u {
                 act_store(act_at(A_ACT + i), y.x / (1.0 + exp(-y.x)) * y.y);
             }
@@ -587,6 +605,7 @@ fn decode_step(
         grid_arrive(p.off_s, lid);
         if team < H {
             pre = rows_load(down_rows(l, team), sg_lane, I / 8u, sg_size);
+            pre2 = rows_load(down_rows(l, team), sg_lane + 4u * sg_size, I / 8u, sg_size);
         }
         grid_wait(p.off_s, bar, n_wg, lid);
 
@@ -596,8 +615,9 @@ fn decode_step(
             let res = act_load(act_at(A_XA + row));
             if row != team {
                 pre = rows_load(down_rows(l, row), sg_lane, I / 8u, sg_size);
+                pre2 = rows_load(down_rows(l, row), sg_lane + 4u * sg_size, I / 8u, sg_size);
             }
-            let y = rows_finish(pre, down_rows(l, row), I, sg_lane, sg_size).x;
+            let y = rows_finish2(pre, pre2, down_rows(l, row), I, sg_lane, sg_size).x;
             if sg_lane == 0u {
                 act_store(act_at(A_XB + row), y + res);
             }
