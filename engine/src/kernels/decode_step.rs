@@ -189,9 +189,7 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
     // One round: four keys per group, every load issued before any use.
     let mut loads = String::new();
     for r in 0..4 {
-        loads += &format!(
-            "        let kk{r} = min(k0 + {r}u * stride + g, max(kend, 1u) - 1u);\n"
-        );
+        loads += &format!("        let kk{r} = min(k0 + {r}u * stride + g, max(kend, 1u) - 1u);\n");
         for t in 0..dpv {
             loads += &format!(
                 "        let k{r}_{t} = kv[kbase + kk{r} * (HKV * D / 4u) + {t}u];\n        let v{r}_{t} = kv[vbase + kk{r} * (HKV * D / 4u) + {t}u];\n"

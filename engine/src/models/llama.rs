@@ -175,7 +175,10 @@ pub struct LlamaModel {
 
 impl LlamaModel {
     pub fn new(gpu: &Gpu, cfg: LlmConfig, w: LlamaWeights, max_ctx: usize) -> Result<LlamaModel> {
-        let step = llama_step::requested();
+        // A CPU device runs workgroups a few at a time, never a whole grid: no step there unless a
+        // caller asks for one ([`LlamaModel::with_decode_step`]).
+        let step =
+            llama_step::requested().filter(|_| gpu.info.device_type != wgpu::DeviceType::Cpu);
         LlamaModel::with_decode_step(gpu, cfg, w, max_ctx, step)
     }
 
