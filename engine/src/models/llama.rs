@@ -263,7 +263,7 @@ impl LlamaModel {
             cfg,
             w,
         };
-        m.set_row_attention_max_kv(gpu, row_max_kv())?;
+        m.apply_row_attention_max_kv(gpu, row_max_kv())?;
         let ids = m.ids.view(0, &[1])?;
         m.greedy = argmax(gpu, &m.logits, &ids, &m.history, &m.step, true)?;
         Ok(m)
@@ -280,15 +280,23 @@ impl LlamaModel {
     }
 
     /// Rebuilds the decode program fused or not (comparisons; `DRIFT_DECODE_FUSION` sets it at load).
+    /// Comparisons are of the multi-dispatch programs: the one-dispatch step is dropped.
     pub fn set_decode_fusion(&mut self, gpu: &Gpu, on: bool) -> Result<()> {
+        self.decode_step = None;
         self.fusion = on;
         self.decode_acts = Activations::new(gpu, &self.cfg, 1, self.w.dtype, self.fused(1))?;
         self.build_decode_programs(gpu)
     }
 
     /// Rebuilds the decode programs with the one-pass attention up to KV length `n` (0: never; where
-    /// the device cannot run it, never either). `DRIFT_ATTENTION_ROW_MAX` sets it at load.
+    /// the device cannot run it, never either). `DRIFT_ATTENTION_ROW_MAX` sets it at load. A comparison
+    /// of the multi-dispatch programs: the one-dispatch step is dropped.
     pub fn set_row_attention_max_kv(&mut self, gpu: &Gpu, n: usize) -> Result<()> {
+        self.decode_step = None;
+        self.apply_row_attention_max_kv(gpu, n)
+    }
+
+    fn apply_row_attention_max_kv(&mut self, gpu: &Gpu, n: usize) -> Result<()> {
         self.row_max_kv = if row_available(&gpu.caps, self.cfg.head_dim) {
             n
         } else {
@@ -668,11 +676,6 @@ impl LlamaModel {
     /// The one-dispatch decode step, where this model runs it.
     pub fn decode_step(&self) -> Option<&DecodeStep> {
         self.decode_step.as_ref()
-    }
-
-    /// Switches the one-dispatch decode step off (comparisons against the multi-dispatch program).
-    pub fn disable_decode_step(&mut self) {
-        self.decode_step = None;
     }
 
     /// KV length up to which decode runs the one-pass attention (0: never).

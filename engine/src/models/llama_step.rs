@@ -37,15 +37,6 @@ pub struct StepOptions {
     pub whole_max: u32,
 }
 
-impl StepOptions {
-    pub fn new(workgroups: u32) -> StepOptions {
-        StepOptions {
-            workgroups,
-            whole_max: DEFAULT_WHOLE_MAX,
-        }
-    }
-}
-
 /// The step the environment asks for: `None` when `DRIFT_DECODE_STEP=0`.
 pub fn requested() -> Option<StepOptions> {
     if matches!(std::env::var("DRIFT_DECODE_STEP").as_deref(), Ok("0")) {
