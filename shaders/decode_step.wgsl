@@ -314,6 +314,22 @@ fn load_normed(src: u32, l: u32, g: u32, lid: u32, sg_id: u32, sg_lane: u32, n_s
     return inverseSqrt(wg_sum(ss, sg_id, sg_lane, n_sg) / f32(H) + p.eps);
 }
 
+// A lane's running merge of attention chunks (8 dims of one head): max, sum, accumulators.
+struct Merge {
+    m: f32,
+    sum: f32,
+    o0: vec4<f32>,
+    o1: vec4<f32>,
+}
+
+// `s` with chunk (max mc, sum sc, accumulators a0, a1) merged in.
+fn merged(s: Merge, mc: f32, sc: f32, a0: vec4<f32>, a1: vec4<f32>) -> Merge {
+    let mm = max(s.m, mc);
+    let f = exp(s.m - mm);
+    let fc = exp(mc - mm);
+    return Merge(mm, s.sum * f + sc * fc, s.o0 * f + a0 * fc, s.o1 * f + a1 * fc);
+}
+
 // One subgroup's online softmax for head h over the cached keys key0 + g + r stride (r = 0, 1, ...)
 // below kend (group g of LG lanes takes a key, lane j its dims j DPL ..), four keys per group per
 // round with every load issued first, plus the step's own key (pos, from this dispatch's QKV phase)
@@ -510,10 +526,7 @@ fn decode_step(
         for (var u = team; u < HQ * (D / 8u) && !whole && (SKIP & 2u) == 0u; u += teams) {
             let h = u / (D / 8u);
             let db = u % (D / 8u);
-            var m = NEG;
-            var sum = 0.0;
-            var o0 = vec4<f32>(0.0);
-            var o1 = vec4<f32>(0.0);
+            var st = Merge(NEG, 0.0, vec4<f32>(0.0), vec4<f32>(0.0));
             // Two chunks per lane per round, all loads first.
             for (var c = sg_lane; c < n_chunks; c += 2u * sg_size) {
                 let b = act_at(A_PART + (h * MAXC + c) * (D + 2u));
@@ -527,28 +540,16 @@ fn decode_step(
                 let sc2 = act_load(b2 + D + 1u);
                 let a20 = act_vec4(b2 + d, 0u);
                 let a21 = act_vec4(b2 + d, 1u);
-                let mm = max(m, mc);
-                let f = exp(m - mm);
-                let fc = exp(mc - mm);
-                sum = sum * f + sc * fc;
-                o0 = o0 * f + a0 * fc;
-                o1 = o1 * f + a1 * fc;
-                m = mm;
+                st = merged(st, mc, sc, a0, a1);
                 if c + sg_size < n_chunks {
-                    let mm2 = max(m, mc2);
-                    let f2 = exp(m - mm2);
-                    let fc2 = exp(mc2 - mm2);
-                    sum = sum * f2 + sc2 * fc2;
-                    o0 = o0 * f2 + a20 * fc2;
-                    o1 = o1 * f2 + a21 * fc2;
-                    m = mm2;
+                    st = merged(st, mc2, sc2, a20, a21);
                 }
             }
-            let mx = subgroupMax(m);
-            let f = exp(m - mx);
-            let den = subgroupAdd(sum * f);
-            o0 = subgroupAdd(o0 * f);
-            o1 = subgroupAdd(o1 * f);
+            let mx = subgroupMax(st.m);
+            let f = exp(st.m - mx);
+            let den = subgroupAdd(st.sum * f);
+            let o0 = subgroupAdd(st.o0 * f);
+            let o1 = subgroupAdd(st.o1 * f);
             if sg_lane == 0u {
                 let inv = select(0.0, 1.0 / den, den > 0.0);
                 let at = act_at(A_ATT + h * D + 8u * db);

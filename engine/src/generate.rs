@@ -347,6 +347,17 @@ impl LlmSession {
         if greedy && tokens.len() > 1 {
             self.step_ms = Some(decode_s * 1e3 / (tokens.len() - 1) as f64);
         }
+        // A one-dispatch step whose grid stopped running concurrently computed garbage: say so, and
+        // decode with the multi-dispatch program from now on (one 16-byte read per reply).
+        if self.model.decode_step_timed_out(gpu)? {
+            self.cached.clear();
+            return Err(DriftError::Other(
+                "the GPU stopped running the one-dispatch decode step's workgroups together, so this reply \
+                 is wrong; the next ones use the multi-dispatch decode (DRIFT_DECODE_STEP=0 makes that the \
+                 default)"
+                    .into(),
+            ));
+        }
         Ok(Generation {
             text,
             tokens: tokens.clone(),

@@ -678,6 +678,22 @@ impl LlamaModel {
         self.decode_step.as_ref()
     }
 
+    /// Whether a grid barrier of the one-dispatch step gave up since the last call (its results are
+    /// then wrong); if so the step is dropped and the multi-dispatch program serves from now on.
+    pub fn decode_step_timed_out(&mut self, gpu: &Gpu) -> Result<bool> {
+        let timed_out = match &self.decode_step {
+            Some(s) => s.timed_out(gpu)?,
+            None => false,
+        };
+        if timed_out {
+            log::warn!(
+                "one-dispatch decode step: a grid barrier timed out; using the multi-dispatch program"
+            );
+            self.decode_step = None;
+        }
+        Ok(timed_out)
+    }
+
     /// KV length up to which decode runs the one-pass attention (0: never).
     pub fn row_attention_max_kv(&self) -> usize {
         self.row_max_kv

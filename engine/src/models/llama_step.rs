@@ -4,7 +4,10 @@
 //! device runs the whole grid concurrently.
 //!
 //! `DRIFT_DECODE_STEP=0` keeps the multi-dispatch decode program; `DRIFT_DECODE_STEP_WG=N` sets the
-//! grid (default [`DEFAULT_WORKGROUPS`]).
+//! grid (default [`DEFAULT_WORKGROUPS`]) and `DRIFT_DECODE_STEP_WHOLE=N` the KV length up to which a
+//! head's attention is one workgroup's (default [`DEFAULT_WHOLE_MAX`]). A grid that stops running
+//! concurrently after calibration fails the reply with an error and drops the step
+//! ([`crate::models::llama::LlamaModel::decode_step_timed_out`]).
 
 use std::sync::Arc;
 

@@ -45,10 +45,9 @@ pub struct LlmBench {
     pub shape: String,
     /// The first greedy tokens of the reported run: equal across builds that compute the same logits.
     pub first_tokens: Vec<u32>,
-    /// Workgroups of the one-dispatch decode step (0: the multi-dispatch program ran), and whether a
-    /// grid barrier of it gave up during the benchmark (its results would then be wrong).
+    /// Workgroups of the one-dispatch decode step (0: the multi-dispatch program ran; a grid that
+    /// stopped running concurrently fails the generation with an error).
     pub decode_step_workgroups: u32,
-    pub decode_step_timed_out: bool,
     pub quant: String,
     pub device: String,
     pub weight_bytes: u64,
@@ -238,13 +237,9 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let copy_bytes = cd.cost.bytes;
     let copy_gbps = copy_bytes / time_sequence(gpu, &[cd], 10)? / 1e3;
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
-    let (decode_step_workgroups, decode_step_timed_out) = match s.model.decode_step() {
-        Some(step) => (step.workgroups, step.timed_out(gpu)?),
-        None => (0, false),
-    };
+    let decode_step_workgroups = s.model.decode_step().map_or(0, |step| step.workgroups);
     Ok(LlmBench {
         decode_step_workgroups,
-        decode_step_timed_out,
         first_tokens: g.tokens.iter().take(12).copied().collect(),
         shape,
         quant: if a.model.is_some() {

@@ -87,13 +87,8 @@ pub fn run(options: &GpuOptions, args: &BenchArgs) -> Result<()> {
             );
             if r.decode_step_workgroups > 0 {
                 println!(
-                    "  decode as one dispatch over {} workgroups{}",
-                    r.decode_step_workgroups,
-                    if r.decode_step_timed_out {
-                        " (A GRID BARRIER TIMED OUT: results wrong)"
-                    } else {
-                        ""
-                    }
+                    "  decode as one dispatch over {} workgroups",
+                    r.decode_step_workgroups
                 );
             }
             let l = &r.decode_loop_us_per_token;
