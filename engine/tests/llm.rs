@@ -584,3 +584,70 @@ fn one_dispatch_decode_step_matches_the_program() {
         }
     }
 }
+
+/// The step on a model narrower than a subgroup's loads (hidden 32: 4 chunks of 8 for 8 lanes, so some
+/// lanes of every row product are idle; intermediate 40: 5 chunks), random weights, logits of several
+/// decode steps against the multi-dispatch program's. Idle lanes adding a clamped chunk again once made
+/// the step wrong on subgroups of 32 while the 64-wide fixtures passed on lavapipe's subgroups of 8.
+#[test]
+fn one_dispatch_decode_step_on_rows_narrower_than_a_subgroup() {
+    use drift_engine::models::config::LlmConfig;
+    use drift_engine::models::shapes::{RandomWeights, ShapedRandom};
+    let gpu = gpu();
+    if !gpu.caps.f16 {
+        return;
+    }
+    let cfg = LlmConfig::from_json(
+        r#"{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":40,"num_hidden_layers":2,
+        "num_attention_heads":2,"num_key_value_heads":1,"vocab_size":96,"rms_norm_eps":1e-5,"rope_theta":10000,
+        "max_position_embeddings":64,"tie_word_embeddings":false}"#,
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 37 % 96) as u32).collect();
+    let next = [5u32, 61, 17, 90];
+    let logits = |step: Option<StepOptions>| {
+        let src = ShapedRandom {
+            cfg: &cfg,
+            rng: RandomWeights { seed: 7 },
+        };
+        let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::None).unwrap();
+        let m = LlamaModel::with_decode_step(gpu, cfg.clone(), w, 32, step).unwrap();
+        let t = prompt.len();
+        m.write_ids(gpu, &prompt).unwrap();
+        m.set_step(gpu, t, 0).unwrap();
+        m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+        let mut out = Vec::new();
+        for (i, &id) in next.iter().enumerate() {
+            m.write_ids(gpu, &[id]).unwrap();
+            m.set_step(gpu, t + i + 1, t + i).unwrap();
+            gpu.poison(&m.logits).unwrap();
+            m.decode_program(t + i + 1).run(gpu).unwrap();
+            out.push(gpu.read_f32(&m.logits).unwrap());
+        }
+        (out, m.decode_step().is_some())
+    };
+    let (want, off) = logits(None);
+    assert!(!off);
+    for whole_max in [1024u32, 0] {
+        let (got, on) = logits(Some(StepOptions {
+            workgroups: 1,
+            whole_max,
+        }));
+        assert!(on, "one workgroup always runs the step");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // The program rounds q, the attention output and the SwiGLU output to f16, the step keeps
+            // them in f32: seen 1e-4 of the logits' largest magnitude; allowed 2e-3.
+            let spread = w.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;
+            let want: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            let c = drift_engine::selftest::compare(
+                format!("step {i} logits, whole up to {whole_max}"),
+                g,
+                &want,
+                2e-3 * spread,
+                2e-3,
+            );
+            println!("{c}");
+            assert!(c.passed, "{c}");
+        }
+    }
+}
