@@ -145,9 +145,10 @@ impl StepShape {
         4 * (self.xs() + 64 + (256 / 8) * (self.d + 2))
     }
 
-    /// Bytes a step reads (weights once, the cache up to `kv_len` keys): its cost for the profiler.
-    fn bytes(&self) -> f64 {
-        2.0 * (self.w_head() + self.vocab * self.hidden) as f64
+    /// Weights a step multiplies (the layers and the LM head; padding included): its cost for the
+    /// profiler is 2 flops and 2 bytes (f16) each, the KV cache's bytes left out.
+    fn weights(&self) -> f64 {
+        (self.w_head() + self.vocab * self.hidden) as f64
     }
 }
 
@@ -295,8 +296,8 @@ pub fn decode_step(
         &[t.w, t.f, t.kv, t.scratch, t.step, t.ids, t.logits],
         [n_wg, 1, 1],
         Cost {
-            flops: 2.0 * (s.w_head() + s.vocab * s.hidden) as f64,
-            bytes: s.bytes(),
+            flops: 2.0 * s.weights(),
+            bytes: 2.0 * s.weights(),
         },
     )
 }

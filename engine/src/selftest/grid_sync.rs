@@ -3,18 +3,11 @@
 //! does not run concurrently must end with the timeout flag raised, not hang; a grid it does run must
 //! give every value exactly.
 
-use super::{Check, Rng};
+use super::{Check, Rng, u32s};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
 use crate::kernels::grid_sync::{Probe, take_timeout};
-
-fn u32s(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
 
 /// Runs the probe (poisoned output) and compares; `Ok(None)` when the grid timed out.
 fn run_probe(gpu: &Gpu, probe: &Probe) -> Result<Option<Vec<u32>>> {

@@ -98,6 +98,14 @@ pub fn compare(name: impl Into<String>, got: &[f32], want: &[f64], atol: f64, rt
     }
 }
 
+/// Little-endian u32 words of a read-back buffer.
+pub(crate) fn u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 /// A seeded RNG: `DRIFT_TEST_SEED` when set (to replay a failure), else fresh from the clock.
 pub fn rng() -> (Rng, u64) {
     let seed = std::env::var("DRIFT_TEST_SEED")

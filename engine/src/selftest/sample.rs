@@ -1,7 +1,7 @@
 //! Checks for greedy token selection (argmax over the vocabulary, written to the next step's input id and
 //! to the history at the step's position). The reference is a scan written here.
 
-use super::{Check, Rng};
+use super::{Check, Rng, u32s};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
@@ -19,13 +19,6 @@ fn reference(logits: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn u32s(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
