@@ -342,20 +342,41 @@ struct AttnState {
     acc: array<vec4<f32>, DPV>,
 }
 
-fn attend(h: u32, key0: u32, kend: u32, stride: u32, own: bool, l: u32, sg_lane: u32, sg_size: u32) -> AttnState {
+// The first round's cached K/V of a unit (generated fields k{round}_{vec4}, v..): they do not depend on
+// this dispatch's results, so they are loaded before the QKV phase's barrier completes (attn_first)
+// and their round trip overlaps it.
+struct AttnFirst {
+{{ATTN_FIRST_FIELDS}}
+}
+
+// The cache vec4 of this lane's first dims of key 0 of head h's KV head in layer l (K; V is max_ctx
+// rows further).
+fn attn_kbase(h: u32, l: u32, sg_lane: u32) -> u32 {
+    return p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + (h / G) * (D / 4u) + (sg_lane % LG) * DPV;
+}
+
+fn attn_first(h: u32, key0: u32, kend: u32, stride: u32, l: u32, sg_lane: u32) -> AttnFirst {
+    let g = sg_lane / LG;
+    let kbase = attn_kbase(h, l, sg_lane);
+    let vbase = kbase + p.max_ctx * (HKV * D / 4u);
+    let k0 = key0;
+{{ATTN_LOADS}}
+    return AttnFirst({{ATTN_FIRST_ARGS}});
+}
+
+fn attend(f: AttnFirst, h: u32, key0: u32, kend: u32, stride: u32, own: bool, l: u32, sg_lane: u32, sg_size: u32) -> AttnState {
     let g = sg_lane / LG;
     let j = sg_lane % LG;
     let hk = h / G;
     // Generated (every private value a named variable, nothing indexed): the rounds' loads
     // (ATTN_LOADS) and updates (ATTN_COMPUTE), q0.. (this lane's dims of q, scaled) and a0..
-    // (accumulators), the own key, the group merge. The first round's cache loads go out before q's
-    // (they do not depend on this dispatch's results), so the two round trips overlap.
-    let kbase = p.off_kv / 4u + (2u * l * p.max_ctx) * (HKV * D / 4u) + hk * (D / 4u) + j * DPV;
+    // (accumulators), the own key, the group merge. The first round's cache loads come in `f`.
+    let kbase = attn_kbase(h, l, sg_lane);
     let vbase = kbase + p.max_ctx * (HKV * D / 4u);
     var m = NEG;
     var sum = 0.0;
     let k0 = key0;
-{{ATTN_LOADS}}
+{{ATTN_FIRST_UNPACK}}
 {{ATTN_Q}}
     {
 {{ATTN_COMPUTE}}
@@ -452,7 +473,19 @@ fn decode_step(
             }
         }
         bar++;
-        grid_barrier(p.off_s, bar, n_wg, lid);
+        grid_arrive(p.off_s, lid);
+        // This team's first attention unit's first round of cached keys (the units as below).
+        var af: AttnFirst;
+        if whole {
+            if wid.x < HQ {
+                af = attn_first(wid.x, sg_id * kgs, pos, n_sg * kgs, l, sg_lane);
+            }
+        } else if team < HQ * n_chunks {
+            let h = team / n_chunks;
+            let c = team % n_chunks;
+            af = attn_first(h, c * ck, min(min(kv_len, (c + 1u) * ck), pos), kgs, l, sg_lane);
+        }
+        grid_wait(p.off_s, bar, n_wg, lid);
 
         // The step's K and V rows into the cache for later steps, whole vec4s by one invocation each
         // (the QKV units' rows share vec4s).
@@ -469,7 +502,11 @@ fn decode_step(
         // (head h, chunk c of ck keys) per team, partials to A_PART, merged by the next phase.
         if whole {
             for (var h = wid.x; h < HQ && (SKIP & 2u) == 0u; h += n_wg) {
-                let st = attend(h, sg_id * kgs, pos, n_sg * kgs, sg_id == 0u, l, sg_lane, sg_size);
+                var f = af;
+                if h != wid.x {
+                    f = attn_first(h, sg_id * kgs, pos, n_sg * kgs, l, sg_lane);
+                }
+                let st = attend(f, h, sg_id * kgs, pos, n_sg * kgs, sg_id == 0u, l, sg_lane, sg_size);
                 if sg_lane < LG {
                     for (var t = 0u; t < DPV; t++) {
                         for (var e = 0u; e < 4u; e++) {
@@ -503,7 +540,11 @@ fn decode_step(
                 let h = u / n_chunks;
                 let c = u % n_chunks;
                 let k_end = min(kv_len, (c + 1u) * ck);
-                let st = attend(h, c * ck, min(k_end, pos), kgs, k_end == kv_len, l, sg_lane, sg_size);
+                var f = af;
+                if u != team {
+                    f = attn_first(h, c * ck, min(k_end, pos), kgs, l, sg_lane);
+                }
+                let st = attend(f, h, c * ck, min(k_end, pos), kgs, k_end == kv_len, l, sg_lane, sg_size);
                 if sg_lane < LG {
                     let base = act_at(A_PART + (h * MAXC + c) * (D + 2u));
                     for (var t = 0u; t < DPV; t++) {

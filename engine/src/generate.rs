@@ -499,7 +499,8 @@ fn pipeline_depth() -> usize {
         .max(1)
 }
 
-/// Greedy decode steps per command buffer: `DRIFT_DECODE_BATCH` (1 to 64), default 4. The steps of
+/// Greedy decode steps per command buffer: `DRIFT_DECODE_BATCH` (1 to 64, which also turns off
+/// [`batch_for`]'s choice by step time), default 4 (the least [`batch_for`] uses). The steps of
 /// a batch share one compute pass and one token copy. On the H200 (2026-11-30) 4 gave Llama 3.2 1B
 /// 963.9 tok/s against 933.5 at 1 and 962.6 at 8, SmolLM2-135M 1161.6 against 1119.4 (8: 1152.7):
 /// each command buffer costs the GPU ~30-80 us beyond its dispatches. Tokens then stream in groups of
@@ -520,12 +521,26 @@ const MAX_BATCH: usize = 64;
 /// Steps per command buffer for a session configured with `configured` whose last greedy generation
 /// took `step_ms` per step: batching saves ~50-80 us of GPU time per buffer, under 1% once a step takes
 /// [`SLOW_STEP_MS`], while tokens would then stream in visible bursts; such GPUs get one step per buffer.
+/// Fast steps batch up to a burst of [`BURST_MS`] (at most [`MAX_ADAPTIVE_BATCH`] steps): tokens then
+/// still arrive once per 60 Hz frame, and a reply overruns its end by at most that much GPU time. On
+/// the H200 (2026-12-01, SmolLM2-135M's one-dispatch step at 0.66 ms) 4 steps per buffer gave 1,476.9
+/// tok/s, 8 gave 1,491.5 and 16 gave 1,498.2.
 fn batch_for(configured: usize, step_ms: Option<f64>) -> usize {
     match step_ms {
         Some(ms) if ms > SLOW_STEP_MS => 1,
+        Some(ms) if ms > 0.0 => ((BURST_MS / ms) as usize)
+            .min(MAX_ADAPTIVE_BATCH)
+            .max(configured)
+            .clamp(1, MAX_BATCH),
         _ => configured.clamp(1, MAX_BATCH),
     }
 }
+
+/// GPU time one command buffer of greedy steps may hold where steps are fast ([`batch_for`]).
+const BURST_MS: f64 = 16.0;
+
+/// The most steps [`batch_for`] puts in one command buffer on its own.
+const MAX_ADAPTIVE_BATCH: usize = 32;
 
 const SLOW_STEP_MS: f64 = 8.0;
 
@@ -688,11 +703,16 @@ mod tests {
     }
 
     /// A GPU whose last generation took over 8 ms per step streams one step per buffer (no bursts);
-    /// fast ones, the first generation and an explicit setting batch as configured.
+    /// fast ones batch 16 ms of steps (4 to 32 of them); the first generation and an explicit setting
+    /// batch as configured.
     #[test]
-    fn slow_gpus_stream_one_step_per_buffer() {
+    fn steps_per_buffer_follow_the_step_time() {
         assert_eq!(batch_for(4, None), 4);
-        assert_eq!(batch_for(4, Some(1.0)), 4);
+        assert_eq!(batch_for(4, Some(1.0)), 16);
+        assert_eq!(batch_for(4, Some(0.66)), 24);
+        assert_eq!(batch_for(4, Some(0.1)), 32);
+        assert_eq!(batch_for(4, Some(2.6)), 6);
+        assert_eq!(batch_for(4, Some(5.0)), 4);
         assert_eq!(batch_for(4, Some(20.0)), 1);
         assert_eq!(batch_for(500, Some(1.0)), MAX_BATCH);
         let gpu = Gpu::new(&GpuOptions::from_env()).unwrap();
@@ -716,7 +736,8 @@ mod tests {
         let (first, batch) = run(&mut s, true, None);
         assert_eq!(batch, 4);
         assert_eq!(run(&mut s, true, Some(20.0)), (first.clone(), 1));
-        assert_eq!(run(&mut s, true, Some(0.5)), (first.clone(), 4));
+        assert_eq!(run(&mut s, true, Some(0.5)), (first.clone(), 32));
+        assert_eq!(run(&mut s, true, Some(5.0)), (first.clone(), 4));
         assert_eq!(run(&mut s, false, Some(20.0)), (first, 4));
     }
 

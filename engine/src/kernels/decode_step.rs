@@ -197,6 +197,20 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
             );
         }
     }
+    let regs: Vec<String> = (0..4)
+        .flat_map(|r| (0..dpv).flat_map(move |t| [format!("k{r}_{t}"), format!("v{r}_{t}")]))
+        .collect();
+    let first_fields = regs
+        .iter()
+        .map(|n| format!("    {n}: vec4<f16>,"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let first_args = regs.join(", ");
+    let first_unpack = regs
+        .iter()
+        .map(|n| format!("    let {n} = f.{n};"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut compute = String::new();
     for r in 0..4 {
         let dots: Vec<String> = (0..dpv)
@@ -234,6 +248,9 @@ fn attention_blocks(dpv: usize) -> Vec<(&'static str, String)> {
     vec![
         ("ATTN_Q", q),
         ("ATTN_LOADS", loads.trim_end().to_string()),
+        ("ATTN_FIRST_FIELDS", first_fields),
+        ("ATTN_FIRST_ARGS", first_args),
+        ("ATTN_FIRST_UNPACK", first_unpack),
         ("ATTN_COMPUTE", compute.trim_end().to_string()),
         ("ATTN_OWN", own),
         ("ATTN_MERGE", merge),
