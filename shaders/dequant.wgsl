@@ -2,13 +2,15 @@
 // appended, DEQ_MAIN off), and the dequantize kernel (DEQ_MAIN): out[row, k] = value of w[row, k] as
 // f32 or f16 (prefill dequantizes a weight into a reused scratch and runs the f16 matmul on it).
 //
-// The weight is bound as `w: array<u32>` holding the blocks exactly as in the GGUF file: rows of whole
-// blocks, little endian. Blocks are only 2-byte aligned (Q8_0 34 B, Q4_0 18 B, Q5_0 22 B, Q6_K 210 B),
+// The weight is bound as `w: array<u32>` (W4: `w4: array<vec4<u32>>`) holding the blocks as in the
+// GGUF file, rows of whole blocks, little endian; Q4_0 rows hold the same bytes split into scales and
+// nibbles (see its loader). Blocks are only 2-byte aligned (Q8_0 34 B, Q4_0 18 B, Q5_0 22 B, Q6_K 210 B),
 // so a chunk's bytes are loaded as the words spanning them (`load`: one load per word, the fewest
 // possible) and the fields are shifted out of those registers (`decode`): a field at an even offset
 // is either a whole word or the halves of two neighbours, chosen by whether the block starts mid-word
 // (`odd`). f16 fields go through unpack2x16float (never bitcast<vec2<f16>>, which naga miscompiles).
-// With ALIGNED (every block starts on a word) odd is the constant false and the selects fold away.
+// With ALIGNED (every block starts on a word; Q4_0: every row's scales and nibbles) odd is the
+// constant false and the selects fold away.
 // Loading and decoding are separate so a lane keeps several chunks in flight as raw words (5 to 23
 // registers each) rather than as decoded floats.
 //
@@ -21,7 +23,7 @@
 // Every word a kernel reads lies inside the weight's binding (the last word of a span is re-read
 // instead of over-read where the block starts on a word), so these kernels run without bounds checks.
 //
-// Specialisation: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K; ALIGNED. DEQ_MAIN also: OUT16
+// Specialisation: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K; ALIGNED; W4 (Q4_0). DEQ_MAIN also: OUT16
 // (f16 output, written as packed u32 pairs; needs no shader-f16), OVEC (vector stores).
 
 struct Chunk {
@@ -109,6 +111,7 @@ fn kquants(lo: array<u32, 8>, ls: u32, hi: array<u32, 8>, hs: u32, hmask: u32, o
     );
 }
 
+#ifnot W4
 // Nine words from word i: 32 bytes at an even offset in words i .. i + 8, the last one only
 // needed (and read) when `odd`.
 fn span9(i: u32, odd: bool) -> array<u32, 9> {
@@ -117,6 +120,8 @@ fn span9(i: u32, odd: bool) -> array<u32, 9> {
         w[i + select(7u, 8u, odd)],
     );
 }
+
+#endif
 
 // The 32 bytes at offset 0 of a 9-word span, aligned.
 fn align8(a: array<u32, 9>, odd: bool) -> array<u32, 8> {
@@ -143,9 +148,11 @@ fn kheader(h: array<u32, 5>, odd: bool) -> array<u32, 4> {
     return array<u32, 4>(at0(h[0], h[1], odd), at0(h[1], h[2], odd), at0(h[2], h[3], odd), at0(h[3], h[4], odd));
 }
 
+#ifnot W4
 fn span5h(i: u32, odd: bool) -> array<u32, 5> {
     return array<u32, 5>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + select(3u, 4u, odd)]);
 }
+#endif
 
 #if Q8_0
 // d (f16), 32 x i8.
@@ -180,10 +187,28 @@ fn decode(r: Raw, c: u32) -> Chunk {
 // d, 16 bytes of nibbles.
 struct Raw { a: array<u32, 5>, odd: bool }
 
+// Q4_0 rows are split at upload (kernels/quant_rows.rs): a row's p.nchunks f16 scales, then its
+// 16-byte groups of nibbles, so a lane loads a block's nibbles as one aligned vector (W4: the weight
+// bound as vec4 words, rows of whole 16-byte groups) and a team's loads are contiguous. The block comes
+// back as the registers of a GGUF block that starts mid-word (`odd`): the scale in the high half of
+// a[0], the nibbles in a[1..5].
 fn load(rb: u32, c: u32) -> Raw {
-    let o = rb + 18u * c;
-    let i = o >> 2u;
-    return Raw(array<u32, 5>(w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u]), is_odd(o));
+    let so = rb + 2u * c;
+    let no = rb + 2u * p.nchunks + 16u * c;
+#if W4
+    let sw = w4[so >> 4u][(so >> 2u) & 3u];
+    let n = w4[no >> 4u];
+#else
+    let sw = w[so >> 2u];
+    let i = no >> 2u;
+    let n0 = vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+    // Nibbles that start mid-word (rows of an odd number of blocks) span a fifth word.
+    let mid = is_odd(no);
+    let e = w[i + select(3u, 4u, mid)];
+    let n = select(n0, vec4<u32>(sh16(n0.x, n0.y), sh16(n0.y, n0.z), sh16(n0.z, n0.w), sh16(n0.w, e)), mid);
+#endif
+    let s = select(sw << 16u, sw, (so & 2u) != 0u);
+    return Raw(array<u32, 5>(s, n.x, n.y, n.z, n.w), true);
 }
 
 fn decode(r: Raw, c: u32) -> Chunk {

@@ -19,7 +19,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#if W4
+@group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;
+#else
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+#endif
 #if XV4
 @group(0) @binding(2) var<storage, read> xs: array<vec4<{{TX}}>>;
 #else

@@ -88,7 +88,8 @@ impl Gpu {
         )
     }
 
-    /// A tensor holding `bytes` (already in `dtype`'s encoding and `layout`).
+    /// A tensor holding `bytes` (already in `dtype`'s encoding and `layout`; blocks in GGUF order,
+    /// which [`crate::kernels::quant_rows::to_gpu`] turns into the kernels' row layout).
     pub fn tensor_from_bytes(
         &self,
         label: &str,
@@ -107,7 +108,12 @@ impl Gpu {
             ));
         }
         t.layout = layout;
-        self.write_tensor_bytes(&t, bytes)?;
+        if layout == Layout::Blocks {
+            let k = shape.last().copied().unwrap_or(0);
+            self.write_tensor_bytes(&t, &crate::kernels::quant_rows::to_gpu(dtype, k, bytes)?)?;
+        } else {
+            self.write_tensor_bytes(&t, bytes)?;
+        }
         Ok(t)
     }
 

@@ -30,6 +30,7 @@ pub mod norm;
 pub mod qkv_rope;
 pub mod quant;
 pub mod quant_dp4a;
+pub mod quant_rows;
 pub mod rope;
 pub mod sample;
 pub mod softmax;

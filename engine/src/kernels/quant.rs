@@ -1,8 +1,9 @@
 //! GGML block-quantized weights on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
 //!
-//! Weights stay in GPU memory exactly as in the GGUF file (rows of whole blocks, [`Layout::Blocks`]; no
-//! repacking on upload, so a loader uploads the file's bytes as they are). Kernels read them as u32 words
-//! and decode 32-element chunks in registers (`shaders/dequant.wgsl`):
+//! Weights stay in GPU memory as in the GGUF file (rows of whole blocks, [`Layout::Blocks`]; a loader
+//! uploads the file's bytes, and only Q4_0 rows are reordered on the way, see
+//! [`crate::kernels::quant_rows`]). Kernels read them as u32 words and decode 32-element chunks in
+//! registers (`shaders/dequant.wgsl`):
 //! - [`matvec_quant`]: decode matrix-vector products, `out = x @ w^T (+ bias)` for up to
 //!   [`MAX_BATCH`] activation rows, with the options (bias, fused norm / SwiGLU / residual, subgroup or
 //!   workgroup-memory reduction, shard size) of [`crate::kernels::matvec`]; weights over a storage
@@ -183,6 +184,15 @@ impl QuantTuning {
             }
         }
     }
+}
+
+/// Whether every chunk the loaders read starts on a word (`ALIGNED` in `dequant.wgsl`): the view
+/// starts on one, rows are whole words, and so are blocks (Q4_0: rows of an even number of blocks,
+/// whose split scales and nibbles then start on words too).
+fn words_aligned(dtype: DType, wbyte: u32, row_bytes: u64) -> bool {
+    wbyte == 0
+        && row_bytes.is_multiple_of(4)
+        && (dtype == DType::Q4_0 || dtype.block_bytes().is_multiple_of(4))
 }
 
 /// A quantized tensor (or row view) as the kernels bind it: a u32 view from the word holding its first
@@ -462,8 +472,16 @@ pub fn matvec_quant_shards_tuned(
                 wv.storage.len
             ));
         }
-        let aligned =
-            wbyte == 0 && row_bytes.is_multiple_of(4) && dtype.block_bytes().is_multiple_of(4);
+        let aligned = words_aligned(dtype, wbyte, row_bytes);
+        // Q4_0 nibbles as vec4 loads (dp4a): rows of whole 16-byte groups from a 16-byte boundary.
+        let w4 = dp4a
+            && dtype == DType::Q4_0
+            && (k / 32).is_multiple_of(8)
+            && wbyte == 0
+            && wv
+                .binding(caps.max_storage_binding)?
+                .base_elems
+                .is_multiple_of(4);
         let name = format!(
             "matvec_{}_{}{}{}{}",
             type_define(dtype).to_lowercase(),
@@ -502,6 +520,7 @@ pub fn matvec_quant_shards_tuned(
         let spec = spec
             .define(type_define(dtype), 1)
             .define("ALIGNED", u8::from(aligned))
+            .define("W4", u8::from(w4))
             .define("TX", x.dtype.wgsl())
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(f16))
@@ -590,8 +609,7 @@ pub fn dequantize(gpu: &Gpu, w: &Tensor, out: &Tensor) -> Result<Dispatch> {
     }
     let ovec = bo.is_multiple_of(if out16 { 8 } else { 4 });
     let row_bytes = w.dtype.bytes_for(k)?;
-    let aligned =
-        wbyte == 0 && row_bytes.is_multiple_of(4) && w.dtype.block_bytes().is_multiple_of(4);
+    let aligned = words_aligned(w.dtype, wbyte, row_bytes);
     let name = format!(
         "dequantize_{}_{}",
         type_define(w.dtype).to_lowercase(),
