@@ -13,15 +13,17 @@
 // grid's sync words, then the activations one phase hands to the next, f32 bits through atomics, see
 // grid_sync.wgsl; each is written by one phase and read by later ones before the next write, barriers
 // between, so one copy serves every layer), step (kv_len, pos), ids (the input token at 0), logits
-// (f32, written last, read by later dispatches). The step's own K and V rows reach this step's
-// attention through gsync; the cache copy is for later steps.
+// (f32, written last, read by later dispatches), and (W2) w2, the weights past what one binding holds.
+// The step's own K and V rows reach this step's attention through gsync; the cache copy is for later
+// steps.
 //
 // Specialisation: H, I, HQ, HKV, D, ROT (rotary dims), V (vocab), L (layers), INTERLEAVED (rope_dims),
-// BIAS, LG, W_LAYER / W_EMBED / F_LAYER (offsets), XS (f32 workgroup vector length).
+// BIAS, LG, W_LAYER / W_EMBED / F_LAYER (offsets), XS (f32 workgroup vector length), W2 / W_SPLIT8 (a
+// second weight binding, w2, from vec4 W_SPLIT8 on).
 enable f16;
 
 struct Params {
-    off_w: u32, off_f: u32, off_kv: u32, off_s: u32, off_step: u32, off_ids: u32, off_logits: u32, o7: u32,
+    off_w: u32, off_f: u32, off_kv: u32, off_s: u32, off_step: u32, off_ids: u32, off_logits: u32, off_w2: u32,
     max_ctx: u32,
     n_wg: u32,
     eps: f32,
@@ -36,6 +38,11 @@ struct Params {
 @group(0) @binding(5) var<storage, read> step: array<u32>;
 @group(0) @binding(6) var<storage, read> ids: array<u32>;
 @group(0) @binding(7) var<storage, read_write> logits: array<f32>;
+#if W2
+// The weights from f16 element W_SPLIT8 * 8 on (later layers, the LM head, the embedding table), where
+// one binding cannot hold them all.
+@group(0) @binding(8) var<storage, read> w2: array<vec4<u32>>;
+#endif
 
 const H: u32 = {{H}}u;
 const I: u32 = {{I}}u;
@@ -71,6 +78,7 @@ const W_DOWN: u32 = W_GU + 2u * I * H;
 const W_LAYER: u32 = {{W_LAYER}}u;   // W_DOWN + H * I, padded
 const W_HEAD: u32 = L * W_LAYER;
 const W_EMBED: u32 = {{W_EMBED}}u;   // W_HEAD when tied
+const W_SPLIT8: u32 = {{W_SPLIT8}}u; // first vec4 of w2 (W2), a layer boundary
 // fp, in f32 elements.
 const F_ATTN_NORM: u32 = 0u;
 const F_FFN_NORM: u32 = H;
@@ -107,9 +115,20 @@ fn act_load(i: u32) -> f32 {
     return bitcast<f32>(atomicLoad(&gsync[i]));
 }
 
+// Weights' vec4 q (f16 elements 8q .. 8q + 7), from whichever binding holds it (a row never spans
+// both).
+fn wv(q: u32) -> vec4<u32> {
+#if W2
+    if q >= W_SPLIT8 {
+        return w2[(p.off_w2 >> 3u) + q - W_SPLIT8];
+    }
+#endif
+    return w[(p.off_w >> 3u) + q];
+}
+
 // Element e (f16) of the weights.
 fn w_elem(e: u32) -> f32 {
-    let v = w[(p.off_w + e) >> 3u];
+    let v = wv(e >> 3u);
     let word = select(select(v.x, v.y, (e & 7u) >= 2u), select(v.z, v.w, (e & 7u) >= 6u), (e & 7u) >= 4u);
     let h = unpack2x16float(word);
     return select(h.x, h.y, (e & 1u) == 1u);
@@ -165,9 +184,9 @@ struct Rows2 {
 
 // Chunks c0 + {0, 1, 2, 3} S (clamped to the row) of the rows at elements b.x, b.y.
 fn rows_load(b: vec2<u32>, c0: u32, n: u32, sg_size: u32) -> Rows2 {
-    let r = (vec2<u32>(p.off_w) + b) >> vec2<u32>(3u);
+    let r = b >> vec2<u32>(3u);
     let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
-    return Rows2(w[r.x + c.x], w[r.x + c.y], w[r.x + c.z], w[r.x + c.w], w[r.y + c.x], w[r.y + c.y], w[r.y + c.z], w[r.y + c.w]);
+    return Rows2(wv(r.x + c.x), wv(r.x + c.y), wv(r.x + c.z), wv(r.x + c.w), wv(r.y + c.x), wv(r.y + c.y), wv(r.y + c.z), wv(r.y + c.w));
 }
 
 fn rows_dot(x: Rows2, c0: u32, n: u32, sg_size: u32) -> vec2<f32> {
@@ -222,26 +241,26 @@ fn down_rows(l: u32, row: u32) -> vec2<u32> {
 // Four rows at once (LM head rows): 16 loads in flight per lane.
 fn row_dot4(bases: vec4<u32>, k: u32, lane: u32, sg_size: u32) -> vec4<f32> {
     let n = k / 8u;
-    let r = (vec4<u32>(p.off_w) + bases) >> vec4<u32>(3u);
+    let r = bases >> vec4<u32>(3u);
     var a = vec4<f32>(0.0);
     for (var c0 = lane; c0 < n; c0 += 4u * sg_size) {
         let c = min(vec4<u32>(c0) + vec4<u32>(0u, 1u, 2u, 3u) * sg_size, vec4<u32>(n - 1u));
-        let v00 = w[r.x + c.x];
-        let v01 = w[r.y + c.x];
-        let v02 = w[r.z + c.x];
-        let v03 = w[r.w + c.x];
-        let v10 = w[r.x + c.y];
-        let v11 = w[r.y + c.y];
-        let v12 = w[r.z + c.y];
-        let v13 = w[r.w + c.y];
-        let v20 = w[r.x + c.z];
-        let v21 = w[r.y + c.z];
-        let v22 = w[r.z + c.z];
-        let v23 = w[r.w + c.z];
-        let v30 = w[r.x + c.w];
-        let v31 = w[r.y + c.w];
-        let v32 = w[r.z + c.w];
-        let v33 = w[r.w + c.w];
+        let v00 = wv(r.x + c.x);
+        let v01 = wv(r.y + c.x);
+        let v02 = wv(r.z + c.x);
+        let v03 = wv(r.w + c.x);
+        let v10 = wv(r.x + c.y);
+        let v11 = wv(r.y + c.y);
+        let v12 = wv(r.z + c.y);
+        let v13 = wv(r.w + c.y);
+        let v20 = wv(r.x + c.z);
+        let v21 = wv(r.y + c.z);
+        let v22 = wv(r.z + c.z);
+        let v23 = wv(r.w + c.z);
+        let v30 = wv(r.x + c.w);
+        let v31 = wv(r.y + c.w);
+        let v32 = wv(r.z + c.w);
+        let v33 = wv(r.w + c.w);
         if c0 + 0u * sg_size < n {
             a += vec4<f32>(dot8(v00, c.x), dot8(v01, c.x), dot8(v02, c.x), dot8(v03, c.x));
         }

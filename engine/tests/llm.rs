@@ -559,18 +559,25 @@ fn one_dispatch_decode_step_matches_the_program() {
         };
         let (want, on, _) = run(None);
         assert!(!on, "{name}: the step is off when not asked for");
-        // Attention in one workgroup per head (the fixtures' contexts) and dealt over many teams.
-        for (n_wg, whole_max) in [
-            (1u32, 1024u32),
-            (1, 0),
-            (2, 1024),
-            (2, 0),
-            (132, 1024),
-            (132, 0),
+        // Attention in one workgroup per head (the fixtures' contexts) and dealt over many teams;
+        // the weights in one binding, or from layer 1 on (with the LM head and embedding table) in a
+        // second.
+        for (n_wg, whole_max, weight_split) in [
+            (1u32, 1024u32, None),
+            (1, 0, None),
+            (2, 1024, None),
+            (2, 0, None),
+            (132, 1024, None),
+            (132, 0, None),
+            (1, 1024, Some(1)),
+            (2, 0, Some(1)),
+            (132, 0, Some(1)),
         ] {
             let (got, on, timed_out) = run(Some(StepOptions {
                 workgroups: n_wg,
                 whole_max,
+                weight_split,
+                max_weight_bytes: None,
             }));
             if !on || timed_out {
                 assert!(n_wg > 1, "{name}: one workgroup always runs the step");
@@ -579,7 +586,7 @@ fn one_dispatch_decode_step_matches_the_program() {
             }
             assert_eq!(
                 got, want,
-                "{name}: greedy tokens with {n_wg} workgroups (whole up to {whole_max})"
+                "{name}: greedy tokens with {n_wg} workgroups (whole up to {whole_max}, second weight binding from layer {weight_split:?})"
             );
         }
     }
@@ -628,10 +635,12 @@ fn one_dispatch_decode_step_on_rows_narrower_than_a_subgroup() {
     };
     let (want, off) = logits(None);
     assert!(!off);
-    for whole_max in [1024u32, 0] {
+    for (whole_max, weight_split) in [(1024u32, None), (0, None), (0, Some(1))] {
         let (got, on) = logits(Some(StepOptions {
             workgroups: 1,
             whole_max,
+            weight_split,
+            max_weight_bytes: None,
         }));
         assert!(on, "one workgroup always runs the step");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -650,4 +659,12 @@ fn one_dispatch_decode_step_on_rows_narrower_than_a_subgroup() {
             assert!(c.passed, "{c}");
         }
     }
+    // A model over the size limit keeps the multi-dispatch program.
+    let (_, on) = logits(Some(StepOptions {
+        workgroups: 1,
+        whole_max: 0,
+        weight_split: None,
+        max_weight_bytes: Some(1024),
+    }));
+    assert!(!on, "no step for weights over the limit");
 }

@@ -39,6 +39,10 @@ pub struct StepShape {
     /// KV lengths up to which a head's attention is one workgroup's; past it the keys are dealt over
     /// many teams and merged by a phase of their own.
     pub whole_max: u32,
+    /// f16 elements of the weights in the first weight binding (a multiple of [`Self::w_layer`]):
+    /// [`Self::w_len`] where one binding holds them all, else the later layers, the LM head and the
+    /// embedding table are in a second one.
+    pub w_split: usize,
 }
 
 impl StepShape {
@@ -95,6 +99,27 @@ impl StepShape {
 
     pub fn w_len(&self) -> usize {
         self.w_embed() + (self.vocab * self.hidden).next_multiple_of(W_ALIGN)
+    }
+
+    /// Whether the weights take a second binding.
+    pub fn two_weight_bindings(&self) -> bool {
+        self.w_split < self.w_len()
+    }
+
+    /// Where the second weight binding starts for a binding limit of `max_bytes` (or from layer
+    /// `from` where given): the most whole layers that fit the first, the rest in the second; `None`
+    /// when the two cannot hold them.
+    pub fn weight_split(&self, max_bytes: u64, from: Option<usize>) -> Option<usize> {
+        let bytes = |elems: usize| 2 * elems as u64;
+        if from.is_none() && bytes(self.w_len()) <= max_bytes {
+            return Some(self.w_len());
+        }
+        let layers = from.unwrap_or((max_bytes / bytes(self.w_layer()).max(1)) as usize);
+        if layers == 0 {
+            return None;
+        }
+        let split = layers.min(self.layers) * self.w_layer();
+        (bytes(split) <= max_bytes && bytes(self.w_len() - split) <= max_bytes).then_some(split)
     }
 
     /// f32 elements of one layer's parameters: attn_norm, ffn_norm (and the qkv bias).
@@ -162,6 +187,8 @@ pub struct StepTensors<'a> {
     pub kv: &'a Tensor,
     /// u32 `[scratch_words]`, zeroed at creation (the sync words must start at zero).
     pub scratch: &'a Tensor,
+    /// f16 `[w_len - w_split]`: the weights past the first binding ([`StepShape::w_split`]).
+    pub w2: Option<&'a Tensor>,
     /// u32 `[2]`: (kv_len, pos).
     pub step: &'a Tensor,
     /// u32: the input token id at 0.
@@ -279,11 +306,12 @@ pub fn decode_step(
     let flag = |b: bool| u8::from(b).to_string();
     let spec = KernelSpec::new(
         format!(
-            "decode_step_h{}_l{}_d{}{}",
+            "decode_step_h{}_l{}_d{}{}{}",
             s.hidden,
             s.layers,
             s.d,
-            if s.bias { "_bias" } else { "" }
+            if s.bias { "_bias" } else { "" },
+            if s.two_weight_bindings() { "_w2" } else { "" }
         ),
         SOURCE,
         "decode_step",
@@ -305,12 +333,22 @@ pub fn decode_step(
     .define("XS", s.xs())
     .define("SKIP", skip_mask())
     .defines(attention_blocks(s.d / s.lanes_per_key() / 4))
-    .define("WHOLE_MAX", s.whole_max);
+    .define("WHOLE_MAX", s.whole_max)
+    .define("W2", u8::from(s.two_weight_bindings()))
+    .define("W_SPLIT8", s.w_split / 8);
     let kernel = gpu.kernel(&spec)?;
+    let mut tensors = vec![t.w, t.f, t.kv, t.scratch, t.step, t.ids, t.logits];
+    if s.two_weight_bindings() {
+        tensors.push(t.w2.ok_or_else(|| {
+            crate::error::DriftError::Other(
+                "decode step: the second weight binding is missing".into(),
+            )
+        })?);
+    }
     gpu.dispatch(
         &kernel,
         &[s.max_ctx as u32, n_wg, eps.to_bits(), scale.to_bits()],
-        &[t.w, t.f, t.kv, t.scratch, t.step, t.ids, t.logits],
+        &tensors,
         [n_wg, 1, 1],
         Cost {
             flops: 2.0 * s.weights(),

@@ -3,7 +3,9 @@
 //! own tensors become views of the packed buffers, so nothing is held twice), and the check that the
 //! device runs the whole grid concurrently.
 //!
-//! `DRIFT_DECODE_STEP=0` keeps the multi-dispatch decode program; `DRIFT_DECODE_STEP_WG=N` sets the
+//! The step serves models of up to [`DEFAULT_MAX_WEIGHT_BYTES`] of weights unless asked for any
+//! (`DRIFT_DECODE_STEP=1`); `DRIFT_DECODE_STEP=0` keeps the multi-dispatch decode program for every
+//! model. `DRIFT_DECODE_STEP_WG=N` sets the
 //! grid (default [`DEFAULT_WORKGROUPS`]) and `DRIFT_DECODE_STEP_WHOLE=N` the KV length up to which a
 //! head's attention is one workgroup's (default [`DEFAULT_WHOLE_MAX`]). A grid that stops running
 //! concurrently after calibration fails the reply with an error and drops the step
@@ -31,6 +33,14 @@ pub const DEFAULT_WORKGROUPS: u32 = 132;
 /// per token against 0.646 chunked at 64 keys of context, 0.714 against 0.701 at 640.
 pub const DEFAULT_WHOLE_MAX: u32 = 384;
 
+/// Weights up to which a model takes the step by default. On the H200 (2026-12-01, `drift bench llm
+/// --random-weights`) the step took SmolLM2-135M (270 MB of f16 weights) from 0.772 to 0.646 ms per
+/// token but Llama 3.2 1B (2.47 GB, weights in two bindings) from 0.951 to 1.206 ms: small models
+/// are bound by dispatch boundaries, which the step removes, large ones by their products' bandwidth,
+/// where the step's plain row products are slower than the tuned matrix-vector kernels. Between the
+/// two the gain falls about linearly with the bytes and crosses zero near 1 GB.
+pub const DEFAULT_MAX_WEIGHT_BYTES: u64 = 1 << 30;
+
 /// How the step is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepOptions {
@@ -38,13 +48,21 @@ pub struct StepOptions {
     pub workgroups: u32,
     /// See [`StepShape::whole_max`].
     pub whole_max: u32,
+    /// The layer from which the weights take a second binding; `None`: only where one binding cannot
+    /// hold them (from the most layers the first holds).
+    pub weight_split: Option<usize>,
+    /// Models with more bytes of packed weights keep the multi-dispatch program (`None`: any size).
+    pub max_weight_bytes: Option<u64>,
 }
 
-/// The step the environment asks for: `None` when `DRIFT_DECODE_STEP=0`.
+/// The step the environment asks for: `None` when `DRIFT_DECODE_STEP=0`; for models of any size
+/// when it is 1, else up to [`DEFAULT_MAX_WEIGHT_BYTES`].
 pub fn requested() -> Option<StepOptions> {
-    if matches!(std::env::var("DRIFT_DECODE_STEP").as_deref(), Ok("0")) {
+    let switch = std::env::var("DRIFT_DECODE_STEP");
+    if matches!(switch.as_deref(), Ok("0")) {
         return None;
     }
+    let any_size = matches!(switch.as_deref(), Ok("1"));
     let env = |name: &str, default: u32| {
         std::env::var(name)
             .ok()
@@ -54,6 +72,8 @@ pub fn requested() -> Option<StepOptions> {
     Some(StepOptions {
         workgroups: env("DRIFT_DECODE_STEP_WG", DEFAULT_WORKGROUPS).max(1),
         whole_max: env("DRIFT_DECODE_STEP_WHOLE", DEFAULT_WHOLE_MAX),
+        weight_split: None,
+        max_weight_bytes: (!any_size).then_some(DEFAULT_MAX_WEIGHT_BYTES),
     })
 }
 
@@ -72,7 +92,8 @@ impl DecodeStep {
 }
 
 /// The kernel's shape for this model, where the kernel serves it: f16 weights in one part each, the
-/// device's f16 and subgroups of at least 8, and the packed buffers within one binding each.
+/// device's f16 and subgroups of at least 8, and the packed buffers within one binding each (the
+/// weights within two).
 pub fn step_shape(
     gpu: &Gpu,
     cfg: &LlmConfig,
@@ -93,7 +114,7 @@ pub fn step_shape(
             && l.qkv.bias.as_ref().is_none_or(|b| b.dtype == DType::F32)
     });
     let bias = w.layers.iter().any(|l| l.qkv.bias.is_some());
-    let shape = StepShape {
+    let mut shape = StepShape {
         hidden: cfg.hidden,
         inter: cfg.intermediate,
         hq: cfg.n_heads,
@@ -107,20 +128,25 @@ pub fn step_shape(
         tied: same_tensor(&w.embed, &w.lm_head.parts[0]),
         max_ctx,
         whole_max: opts.whole_max,
+        w_split: 0,
     };
+    let binding = c.max_storage_binding.min(c.max_buffer_size);
+    shape.w_split = shape.weight_split(binding, opts.weight_split)?;
     let fits = |elems: usize, bytes: u64| (elems as u64) * bytes <= c.max_storage_binding;
     let ok = c.f16
         && c.subgroup
         && c.subgroup_min_size >= 8
-        && c.max_storage_buffers_per_stage >= 7
+        && c.max_storage_buffers_per_stage >= if shape.two_weight_bindings() { 8 } else { 7 }
         && layers_ok
         && (!bias || w.layers.iter().all(|l| l.qkv.bias.is_some()))
         && plain(&w.lm_head)
         && w.lm_head.bias.is_none()
         && w.embed.dtype == DType::F16
         && shape.supported()
+        && opts
+            .max_weight_bytes
+            .is_none_or(|max| 2 * shape.w_len() as u64 <= max)
         && shape.shared_bytes() <= c.max_workgroup_storage as usize
-        && fits(shape.w_len(), 2)
         && fits(shape.kv_len(), 2)
         && fits(shape.scratch_words(), 4)
         && fits(shape.f_len(), 4);
@@ -173,10 +199,25 @@ pub fn build(
     let s = shape;
     let wt = gpu.tensor(
         "decode step weights",
-        &[s.w_len()],
+        &[s.w_split],
         DType::F16,
         Category::Weights,
     )?;
+    let wt2 = if s.two_weight_bindings() {
+        Some(gpu.tensor(
+            "decode step weights (second binding)",
+            &[s.w_len() - s.w_split],
+            DType::F16,
+            Category::Weights,
+        )?)
+    } else {
+        None
+    };
+    // The view of the packed weights at f16 element `at` (a weight lies in one of the two).
+    let wview = |at: usize, shape: &[usize]| match &wt2 {
+        Some(w2) if at >= s.w_split => w2.view(at - s.w_split, shape),
+        _ => wt.view(at, shape),
+    };
     let ft = gpu.tensor(
         "decode step params",
         &[s.f_len()],
@@ -202,13 +243,13 @@ pub fn build(
             (&lw.down, parts[3]),
         ] {
             let src = &lin.parts[0];
-            moves.push((src.clone(), wt.view(base + at, &src.shape)?));
+            moves.push((src.clone(), wview(base + at, &src.shape)?));
         }
     }
     let head = &w.lm_head.parts[0];
-    moves.push((head.clone(), wt.view(s.w_head(), &head.shape)?));
+    moves.push((head.clone(), wview(s.w_head(), &head.shape)?));
     if !s.tied {
-        moves.push((w.embed.clone(), wt.view(s.w_embed(), &w.embed.shape)?));
+        moves.push((w.embed.clone(), wview(s.w_embed(), &w.embed.shape)?));
     }
     for (src, dst) in &moves {
         copy_into(&mut enc, src, dst)?;
@@ -252,6 +293,7 @@ pub fn build(
     }
     let tensors = StepTensors {
         w: &wt,
+        w2: wt2.as_ref(),
         f: &ft,
         kv: &kvt,
         scratch: &scratch,
