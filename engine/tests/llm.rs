@@ -569,7 +569,7 @@ fn one_dispatch_decode_step_matches_the_program() {
             (2, 0, None),
             (132, 1024, None),
             (132, 0, None),
-            (1, 1024, Some(1)),
+            (1, 0, Some(1)),
             (2, 0, Some(1)),
             (132, 0, Some(1)),
         ] {
