@@ -33,7 +33,8 @@
 //
 // Specialisation: COOP; SG (roles from subgroup builtins, pair exchanges by shuffle; required by
 // COOP); QV, KV, OV (bindings read / written as vec4); OT (f16|f32); D; DP; NSG; BK; G; LOADS
-// (K/V vec4 loads per invocation per tile); CAUSAL.
+// (K/V vec4 loads per invocation per tile); CAUSAL. Stage probes (bisection, `CoopDebug::dump`): DUMP_S,
+// DUMP_P, DUMP_O write the first key tile's scores, probabilities or P V as the output and stop.
 enable f16;
 #if COOP
 enable wgpu_cooperative_matrix;
@@ -317,6 +318,17 @@ fn write_row(srow: u32, h: u32, n: u32, c0: u32, o_row: u32, inv: f32) {
     }
 }
 
+// (Stage probe) columns 0 .. min(BK, D) of my row of tiles.s as my output row (the lanes of a row
+// split the vec4s).
+fn dump_row(srow: u32, h: u32, live: bool, o_row: u32) {
+    for (var c = 4u * h; c < min(BK, D); c += 8u) {
+        if live {
+            let o = srow + c;
+            store_out(o_row + c, vec4<f32>(tiles.s[o], tiles.s[o + 1u], tiles.s[o + 2u], tiles.s[o + 3u]));
+        }
+    }
+}
+
 // K/V rows k0.. of the tile into registers: invocation lid takes vec4 columns lid + i WG of the
 // tile; keys past kv_len and columns past D are zeros.
 fn fetch_kv(
@@ -417,6 +429,8 @@ fn attention_coop(
     }
     let srow = (w * 16u + row_l) * SP;
     let prow = (w * 16u + row_l) * PP;
+    // My row's output (for the stage probes; the end recomputes it).
+    let o_row0 = p.off_out + q_base + ((r / G) * p.hq + r % G) * D;
     for (var k0 = 0u; k0 < kv_end; k0 += BK) {
         workgroupBarrier();
         for (var i = 0u; i < LOADS; i++) {
@@ -443,6 +457,11 @@ fn attention_coop(
         // S = Q K^T for my subgroup's 16 rows, to tiles.s.
 {{S_BODY}}
         workgroupBarrier();
+#if DUMP_S
+        // (Stage probe) the first tile's raw scores, keys 0 .. min(BK, D), as my row's output.
+        dump_row(srow, h, r < p.rows, o_row0);
+        return;
+#endif
 
         // Row max of this tile over both halves.
         var mx = NEG;
@@ -486,8 +505,29 @@ fn attention_coop(
 {{RESCALE_BODY}}
         }
 
+#if DUMP_P
+        // (Stage probe) the first tile's probabilities, keys 0 .. min(BK, D).
+        for (var c = 4u * h; c < min(BK, D); c += 8u) {
+            if r < p.rows {
+                store_out(o_row0 + c, vec4<f32>(tiles.kp[prow + c / 4u]));
+            }
+        }
+        return;
+#endif
+
         // O += P V.
 {{PV_BODY}}
+#if DUMP_O
+        // (Stage probe) the first tile's P V, not divided by the row sum.
+        {
+            let inv = 1.0;
+            let live = r < p.rows;
+            let o_row = o_row0;
+            workgroupBarrier();
+{{STORE_BODY}}
+        }
+        return;
+#endif
     }
 
     // Each lane summed its own half: total the row sum; a row that saw no key gives zeros.

@@ -90,6 +90,9 @@ pub struct AttentionOptions {
     /// Coop variants: tile shape (default: the largest that fits, see
     /// [`attention_coop::coop_tile`]); for tuning and tests.
     pub coop_tile: Option<CoopTile>,
+    /// Coop variants: bisection switches (default: `DRIFT_COOP_ATTENTION_DEBUG`); for the stage
+    /// probes.
+    pub coop_debug: Option<attention_coop::CoopDebug>,
     /// One-pass decode variant: invocations per workgroup (default: see
     /// [`attention_row`]'s `threads_wanted`); for tuning and tests.
     pub row_threads: Option<usize>,
@@ -190,6 +193,8 @@ pub fn attention(
             opts.causal,
             emulated,
             opts.coop_tile,
+            opts.coop_debug
+                .unwrap_or_else(attention_coop::CoopDebug::from_env),
         )
         .map(|d| vec![d])
     };

@@ -120,8 +120,9 @@ pub struct CoopConfig {
     pub debug: CoopDebug,
 }
 
-/// Bisection switches (`DRIFT_COOP_ATTENTION_DEBUG=plain_s,plain_pv,no_rescale,lid_role,vt`): parts of
-/// the real kernel replaced by plain per-lane code or other forms, to find which part goes wrong.
+/// Bisection switches (`DRIFT_COOP_ATTENTION_DEBUG=plain_s,plain_pv,no_rescale,lid_role,vt`, and one of
+/// `dump_s`, `dump_p`, `dump_o`): parts of the real kernel replaced by plain per-lane code or other
+/// forms, or the kernel stopped after a stage, to find which part goes wrong.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopDebug {
     pub plain_s: bool,
@@ -129,6 +130,20 @@ pub struct CoopDebug {
     pub no_rescale: bool,
     pub lid_role: bool,
     pub vt: bool,
+    /// Stage probe: the output is the first key tile's scores, probabilities or P V
+    /// (`dump_s`, `dump_p`, `dump_o`; see [`crate::selftest::attention::coop_stage_checks`]).
+    pub dump: Option<CoopStage>,
+}
+
+/// What a stage probe writes (`DUMP_*` in the shader).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopStage {
+    /// Raw scores Q K^T of keys 0 .. min(tile keys, D).
+    Scores,
+    /// The f16 probabilities exp(scale s - m) of those keys (m: the tile's row max).
+    Probabilities,
+    /// P V over the tile's keys, not divided by the row sum.
+    ProbabilitiesTimesV,
 }
 
 impl CoopDebug {
@@ -141,6 +156,14 @@ impl CoopDebug {
             no_rescale: has("no_rescale"),
             lid_role: has("lid_role"),
             vt: has("vt"),
+            dump: [
+                ("dump_s", CoopStage::Scores),
+                ("dump_p", CoopStage::Probabilities),
+                ("dump_o", CoopStage::ProbabilitiesTimesV),
+            ]
+            .into_iter()
+            .find(|(k, _)| has(k))
+            .map(|(_, s)| s),
         }
     }
 
@@ -156,6 +179,9 @@ impl CoopDebug {
             if on {
                 t.push_str(n);
             }
+        }
+        if let Some(stage) = self.dump {
+            t.push_str(&format!("_dump{stage:?}"));
         }
         t
     }
@@ -185,6 +211,15 @@ impl CoopConfig {
             ("CAUSAL", flag(self.causal)),
             ("LID_ROLE", flag(self.debug.lid_role)),
             ("VT", flag(self.debug.vt)),
+            ("DUMP_S", flag(self.debug.dump == Some(CoopStage::Scores))),
+            (
+                "DUMP_P",
+                flag(self.debug.dump == Some(CoopStage::Probabilities)),
+            ),
+            (
+                "DUMP_O",
+                flag(self.debug.dump == Some(CoopStage::ProbabilitiesTimesV)),
+            ),
             (
                 "VS",
                 (t.keys * t.qp(self.d))
@@ -346,7 +381,8 @@ fn vec4_ok(t: &Tensor) -> bool {
     (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
 }
 
-/// The dispatch of the cooperative kernel (`emulated`: matrix operations as plain loops).
+/// The dispatch of the cooperative kernel (`emulated`: matrix operations as plain loops) with the
+/// bisection switches `debug`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn coop(
     gpu: &Gpu,
@@ -360,6 +396,7 @@ pub(crate) fn coop(
     causal: bool,
     emulated: bool,
     tile: Option<CoopTile>,
+    debug: CoopDebug,
 ) -> Result<Dispatch> {
     let caps = &gpu.caps;
     let what = if emulated {
@@ -423,7 +460,7 @@ pub(crate) fn coop(
         vec_kv: vec4_ok(k) && vec4_ok(v),
         vec_out: vec4_ok(out),
         out_f16: out.dtype == DType::F16,
-        debug: CoopDebug::from_env(),
+        debug,
     };
     let spec = KernelSpec::new(
         config.name(),

@@ -7,8 +7,10 @@
 //! The cooperative-matrix variant (experimental, not chosen by `Auto`: wrong on the H200, see
 //! `kernels::attention`) runs [`coop_cases`] only with `DRIFT_SELFTEST_COOP_ATTENTION=1` on devices
 //! that have it; [`coop_emulated_checks`] runs the same cases through the emulated kernel on any f16
-//! device, which is how the coop algorithm is tested on lavapipe.
+//! device, which is how the coop algorithm is tested on lavapipe. `DRIFT_SELFTEST_COOP_ATTENTION=stages`
+//! runs the stage probes instead (`attention_stages`).
 
+use super::attention_stages::{DIMS as STAGE_DIMS, coop_stage_checks};
 use super::{Check, Rng, compare, random, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
@@ -214,6 +216,27 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     }
     cases.extend(row_cases(gpu));
     let coop_env = std::env::var("DRIFT_SELFTEST_COOP_ATTENTION").unwrap_or_default();
+    if coop_env == "stages" {
+        // The stage probes alone: the real kernel's, then the emulated control's.
+        let mut out = Vec::new();
+        if coop_available(&gpu.caps) {
+            out.extend(coop_stage_checks(
+                gpu,
+                rng,
+                AttentionVariant::Coop,
+                &STAGE_DIMS,
+            )?);
+        }
+        if gpu.caps.f16 {
+            out.extend(coop_stage_checks(
+                gpu,
+                rng,
+                AttentionVariant::CoopEmulated,
+                &STAGE_DIMS,
+            )?);
+        }
+        return Ok(out);
+    }
     if coop_env == "only" {
         // The cooperative cases alone (bisection runs on the target GPU).
         cases.clear();
@@ -440,6 +463,7 @@ pub fn check(gpu: &Gpu, rng: &mut Rng, c: &Case) -> Result<Vec<Check>> {
         splits: c.splits,
         prefill_tile: c.tile,
         coop_tile: c.coop_tile,
+        coop_debug: None,
         row_threads: c.row_threads,
         row_chunks: c.row_chunks,
     };

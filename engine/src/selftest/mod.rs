@@ -3,6 +3,7 @@
 //! `drift selftest` runs them on any device (so the NVIDIA-only variants are checked on the H200 too).
 
 pub mod attention;
+pub mod attention_stages;
 pub mod conv;
 pub mod elementwise;
 pub mod embedding;

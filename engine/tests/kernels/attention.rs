@@ -18,6 +18,21 @@ fn attention_coop_emulated_matches_reference() {
     run_checks(attention::coop_emulated_checks);
 }
 
+/// The stage probes (scores, probabilities, P V of one tile) through the emulated kernel: they must
+/// pass where the algorithm is right, so on the H200 the first failing stage locates the fault. One
+/// head dim (zero-padded in the kernel; lavapipe compiles each emulated build for a minute).
+#[test]
+fn attention_coop_stage_probes_pass_emulated() {
+    run_checks(|gpu, rng| {
+        drift_engine::selftest::attention_stages::coop_stage_checks(
+            gpu,
+            rng,
+            AttentionVariant::CoopEmulated,
+            &[40],
+        )
+    });
+}
+
 /// Explicit coop where it cannot run is a clear error, not a fallback.
 #[test]
 fn attention_coop_refuses_what_it_cannot_run() {
