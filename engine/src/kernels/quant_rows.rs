@@ -32,24 +32,6 @@ pub fn to_gpu(dtype: DType, k: usize, bytes: &[u8]) -> Result<Cow<'_, [u8]>> {
     Ok(Cow::Owned(out))
 }
 
-/// The GGUF-order bytes of GPU memory holding `bytes` of `dtype` rows of `k` elements (the inverse of
-/// [`to_gpu`]).
-pub fn from_gpu(dtype: DType, k: usize, bytes: &[u8]) -> Result<Cow<'_, [u8]>> {
-    if dtype != DType::Q4_0 {
-        return Ok(Cow::Borrowed(bytes));
-    }
-    let (nb, row) = q4_0_row(k, bytes.len())?;
-    let mut out = vec![0u8; bytes.len()];
-    for (src, dst) in bytes.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
-        let (scales, nibbles) = src.split_at(2 * nb);
-        for (b, block) in dst.chunks_exact_mut(18).enumerate() {
-            block[..2].copy_from_slice(&scales[2 * b..2 * b + 2]);
-            block[2..].copy_from_slice(&nibbles[16 * b..16 * b + 16]);
-        }
-    }
-    Ok(Cow::Owned(out))
-}
-
 /// Blocks per row and row bytes of Q4_0 rows of `k` elements, checked against `len` bytes.
 fn q4_0_row(k: usize, len: usize) -> Result<(usize, usize)> {
     let nb = k / 32;
@@ -67,7 +49,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn q4_0_rows_split_into_scales_then_nibbles_and_back() {
+    fn q4_0_rows_split_into_scales_then_nibbles() {
         // Two rows of three blocks; every byte distinct.
         let gguf: Vec<u8> = (0..2 * 3 * 18).map(|i| i as u8).collect();
         let gpu = to_gpu(DType::Q4_0, 96, &gguf).unwrap();
@@ -75,9 +57,12 @@ mod tests {
         assert_eq!(&gpu[..6], &[0, 1, 18, 19, 36, 37]);
         assert_eq!(&gpu[6..22], &gguf[2..18]);
         assert_eq!(&gpu[22..38], &gguf[20..36]);
-        // Row 1 starts where it did.
+        // Row 1 starts where it did, and holds the same bytes.
         assert_eq!(&gpu[54..56], &gguf[54..56]);
-        assert_eq!(from_gpu(DType::Q4_0, 96, &gpu).unwrap(), gguf);
+        let (mut a, mut b) = (gpu[54..].to_vec(), gguf[54..].to_vec());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
     }
 
     #[test]
