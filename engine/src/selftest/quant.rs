@@ -358,168 +358,164 @@ fn dp4a_tuning_cases(gpu: &Gpu, dtype: DType) -> Vec<Case> {
     };
     // 4 * 32 + 13 blocks: whole steps of 4 x 32 lanes and a remainder; 5 blocks: most lanes idle.
     let long_k = (4 * 32 + 13) * 32;
-    // Rows of whole groups of 8 blocks, where Q4_0's nibbles load as vectors (W4): at the weight's
-    // start and one row in (288-byte rows keep the view on a 16-byte boundary), K split over
-    // workgroups with the norm prologue, several blocks in flight with prefetch.
-    let vec_k = 16 * 32;
-    let w4 = [
-        Case::new(dtype, 1, 37, vec_k, MatvecVariant::Auto),
+    let mut cases = vec![
         Case {
-            tuning: kws(2, tune(4, 1, 1, false)),
+            tuning: tune(2, 2, 4, true),
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(4, 1, 2, true),
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(1, 4, 4, false),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: tune(1, 2, 1, true),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        // Rows split over 2, 4 or 8 teams (slices of the blocks met in workgroup memory): a partial
+        // last workgroup, one row per workgroup with empty slices, the norm prologue, prefetch with two
+        // blocks in flight, and the GLU pairing over 16-row workgroups.
+        Case {
+            tuning: split(2, 2, 1, false),
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(1, 8, 1, false),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(4, 4, 1, false),
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(2, 4, 2, true),
+            ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: split(4, 2, 1, false),
+            ..glu_case(gpu, dtype, 7 * 32)
+        },
+        // x's words as 4 vec4 planes: plain, with the norm prologue and rows over several teams, GLU.
+        Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..tune(2, 2, 1, false)
+            },
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..split(4, 2, 2, true)
+            },
             fuse: Fuse::norm(DType::F32),
             x_dtype: io,
             out_dtype: io,
             w_rows_before: 1,
-            ..Case::new(dtype, 1, 37, 3 * vec_k, MatvecVariant::Auto)
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
         },
         Case {
+            tuning: QuantTuning {
+                x_vec4: true,
+                ..tune(4, 1, 1, false)
+            },
+            ..glu_case(gpu, dtype, 7 * 32)
+        },
+        // K split over workgroups (the last to finish adds the slices): uneven slices and a partial
+        // last row set, the residual added in place (f16), empty slices (16 workgroups over 5 blocks),
+        // with teams splitting each slice, two blocks in flight and prefetch, bias, the SwiGLU
+        // prologue, the norm prologue (the slices' sums of squares meet too) and the GLU pairing
+        // (run by the last workgroup).
+        Case {
+            tuning: kws(3, tune(4, 1, 1, false)),
+            ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(4, tune(4, 1, 1, false)),
+            fuse: Fuse {
+                residual: Residual::InPlace,
+                ..Fuse::default()
+            },
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(16, tune(1, 2, 1, false)),
+            w_rows_before: 1,
+            ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(2, split(2, 2, 2, true)),
+            bias: true,
+            ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(4, tune(4, 1, 1, false)),
+            fuse: Fuse::swiglu_in_place(),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, 7 * 32, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(4, tune(4, 1, 1, false)),
+            fuse: Fuse::norm(DType::F32),
+            x_dtype: io,
+            out_dtype: io,
+            ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
+        },
+        Case {
+            tuning: kws(3, tune(4, 2, 1, false)),
+            out_dtype: DType::F32,
+            ..glu_case(gpu, dtype, long_k)
+        },
+        // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
+        Case {
+            tuning: tune(4, 2, 1, false),
+            ..glu_case(gpu, dtype, 7 * 32)
+        },
+        // f32 out: silu(gate) * up over this K can pass f16's range.
+        Case {
             tuning: tune(2, 2, 4, true),
-            w_rows_before: 3,
-            ..Case::new(dtype, 1, 71, 2 * vec_k, MatvecVariant::Auto)
+            out_dtype: DType::F32,
+            ..glu_case(gpu, dtype, long_k)
         },
     ];
-    let w4 = if dtype == DType::Q4_0 {
-        w4.to_vec()
-    } else {
-        vec![]
-    };
-    w4.into_iter()
-        .chain([
+    // Rows of whole groups of 8 blocks, where Q4_0's nibbles load as vectors (W4): at the weight's
+    // start and one row in (288-byte rows keep the view on a 16-byte boundary), K split over
+    // workgroups with the norm prologue, several blocks in flight with prefetch.
+    let vec_k = 16 * 32;
+    if dtype == DType::Q4_0 {
+        cases.extend([
+            Case::new(dtype, 1, 37, vec_k, MatvecVariant::Auto),
+            Case {
+                tuning: kws(2, tune(4, 1, 1, false)),
+                fuse: Fuse::norm(DType::F32),
+                x_dtype: io,
+                out_dtype: io,
+                w_rows_before: 1,
+                ..Case::new(dtype, 1, 37, 3 * vec_k, MatvecVariant::Auto)
+            },
             Case {
                 tuning: tune(2, 2, 4, true),
-                ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
+                w_rows_before: 3,
+                ..Case::new(dtype, 1, 71, 2 * vec_k, MatvecVariant::Auto)
             },
-            Case {
-                tuning: tune(4, 1, 2, true),
-                fuse: Fuse::norm(DType::F32),
-                x_dtype: io,
-                out_dtype: io,
-                ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: tune(1, 4, 4, false),
-                w_rows_before: 1,
-                ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: tune(1, 2, 1, true),
-                w_rows_before: 1,
-                ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
-            },
-            // Rows split over 2, 4 or 8 teams (slices of the blocks met in workgroup memory): a partial
-            // last workgroup, one row per workgroup with empty slices, the norm prologue, prefetch with two
-            // blocks in flight, and the GLU pairing over 16-row workgroups.
-            Case {
-                tuning: split(2, 2, 1, false),
-                ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: split(1, 8, 1, false),
-                w_rows_before: 1,
-                ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: split(4, 4, 1, false),
-                fuse: Fuse::norm(DType::F32),
-                x_dtype: io,
-                out_dtype: io,
-                ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: split(2, 4, 2, true),
-                ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: split(4, 2, 1, false),
-                ..glu_case(gpu, dtype, 7 * 32)
-            },
-            // x's words as 4 vec4 planes: plain, with the norm prologue and rows over several teams, GLU.
-            Case {
-                tuning: QuantTuning {
-                    x_vec4: true,
-                    ..tune(2, 2, 1, false)
-                },
-                ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: QuantTuning {
-                    x_vec4: true,
-                    ..split(4, 2, 2, true)
-                },
-                fuse: Fuse::norm(DType::F32),
-                x_dtype: io,
-                out_dtype: io,
-                w_rows_before: 1,
-                ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: QuantTuning {
-                    x_vec4: true,
-                    ..tune(4, 1, 1, false)
-                },
-                ..glu_case(gpu, dtype, 7 * 32)
-            },
-            // K split over workgroups (the last to finish adds the slices): uneven slices and a partial
-            // last row set, the residual added in place (f16), empty slices (16 workgroups over 5 blocks),
-            // with teams splitting each slice, two blocks in flight and prefetch, bias, the SwiGLU
-            // prologue, the norm prologue (the slices' sums of squares meet too) and the GLU pairing
-            // (run by the last workgroup).
-            Case {
-                tuning: kws(3, tune(4, 1, 1, false)),
-                ..Case::new(dtype, 1, 71, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(4, tune(4, 1, 1, false)),
-                fuse: Fuse {
-                    residual: Residual::InPlace,
-                    ..Fuse::default()
-                },
-                x_dtype: io,
-                out_dtype: io,
-                ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(16, tune(1, 2, 1, false)),
-                w_rows_before: 1,
-                ..Case::new(dtype, 1, 45, 5 * 32, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(2, split(2, 2, 2, true)),
-                bias: true,
-                ..Case::new(dtype, 1, 29, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(4, tune(4, 1, 1, false)),
-                fuse: Fuse::swiglu_in_place(),
-                x_dtype: io,
-                out_dtype: io,
-                ..Case::new(dtype, 1, 37, 7 * 32, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(4, tune(4, 1, 1, false)),
-                fuse: Fuse::norm(DType::F32),
-                x_dtype: io,
-                out_dtype: io,
-                ..Case::new(dtype, 1, 37, long_k, MatvecVariant::Auto)
-            },
-            Case {
-                tuning: kws(3, tune(4, 2, 1, false)),
-                out_dtype: DType::F32,
-                ..glu_case(gpu, dtype, long_k)
-            },
-            // The default's 64-row workgroups of wide products (4 rows x 2 groups) under the GLU pairing.
-            Case {
-                tuning: tune(4, 2, 1, false),
-                ..glu_case(gpu, dtype, 7 * 32)
-            },
-            // f32 out: silu(gate) * up over this K can pass f16's range.
-            Case {
-                tuning: tune(2, 2, 4, true),
-                out_dtype: DType::F32,
-                ..glu_case(gpu, dtype, long_k)
-            },
-        ])
-        .collect()
+        ]);
+    }
+    cases
 }
 
 /// The staged input of the float-decoding kernel (one batch row with a prologue; Q4_0 with the
