@@ -124,10 +124,14 @@ const NEG_HALF: f32 = -5.0e29;
 // Lazy rescaling threshold (natural log): probabilities stay below e^8 ~ 2981.
 const TH: f32 = 8.0;
 
-// The tiles the matrix loads and stores address, each 16-byte aligned (a matrix row is read as 16-byte
-// pieces): as one struct with explicit member alignment, not left to the order a driver lays separate
-// workgroup variables out in (the vec4<f16> arrays alone only need 8).
+// The tiles the matrix loads and stores address, each 16-byte aligned: NVIDIA's matrix loads read
+// 16-byte pieces and drop the low address bits, so a tile 8 bytes past a 16-byte boundary is read one
+// vec4<f16> early (measured on the H200: every A and B came back shifted by 4 elements). @align is
+// not emitted for workgroup memory (the driver lays it out), and vec4<f16> members only ask for 8
+// bytes, so the struct leads with a vec4<u32>, which the driver must place on 16 bytes; every member
+// size is a multiple of 16 bytes, so the tiles after it stay aligned.
 struct Tiles {
+    align16: vec4<u32>,
     @align(16) q: array<vec4<f16>, BQ * QP>,  // Q rows, unscaled
     // The K tile [key][dim]; once the scores are computed, the probabilities [row][key] (rows PP apart).
     @align(16) kp: array<vec4<f16>, KPS>,

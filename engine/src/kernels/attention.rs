@@ -16,10 +16,10 @@
 //!
 //! - coop (`shaders/attention_coop.wgsl`, built in [`super::attention_coop`]): the prefill on
 //!   cooperative matrices (tensor cores) for f16 q/k/v; `CoopEmulated` runs the same kernel with the
-//!   matrix operations as plain loops (tests, lavapipe). NOT chosen by `Auto`: the emulated kernel
-//!   matches the reference, but on the H200 (2026-11-30) the real one gave wrong outputs in every
-//!   self-test case, also with all scores equal (so the P V half is at fault), while running 2.8-3.6x
-//!   faster than the prefill kernel. Explicit `Coop` stays for that investigation; see BENCHMARKS.md.
+//!   matrix operations as plain loops (tests, lavapipe). `Auto` takes it for prefill wherever the
+//!   device has cooperative matrices and q/k are f16 (`DRIFT_ATTENTION_COOP=0` turns that off). Its
+//!   tiles must start on 16 bytes (see the shader): before that fix (2026-12-02) every matrix load
+//!   read 4 elements early on the H200 and the outputs were wrong.
 
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
@@ -64,7 +64,7 @@ pub enum AttentionVariant {
     /// one fixed subgroup size, see [`super::attention_row`]). Decode programs choose it by KV length.
     DecodeRow,
     /// Prefill on cooperative matrices (f16 q/k/v, a device with 16x16 f16 cooperative matrices
-    /// and subgroups of 32; an error elsewhere). Experimental: wrong on the H200 (module docs).
+    /// and subgroups of 32; an error elsewhere). `Auto` takes it for prefill where it can run.
     Coop,
     /// The coop kernel with its matrix operations emulated by plain loops: any device with f16; for
     /// testing the coop algorithm where cooperative matrices are missing (slow).
@@ -199,11 +199,11 @@ pub fn attention(
         .map(|d| vec![d])
     };
     let mut variant = resolve_variant(&dims, opts);
-    // `DRIFT_ATTENTION_COOP=1`: Auto's prefill cases on the cooperative kernel where it can run (A/B
-    // timing of the experimental kernel on the target GPU).
+    // Auto's prefill cases take the cooperative kernel where it can run; `DRIFT_ATTENTION_COOP=0`
+    // keeps them on the plain prefill kernel (A/B timing, bisection).
     if opts.variant == AttentionVariant::Auto
         && variant == AttentionVariant::Prefill
-        && std::env::var_os("DRIFT_ATTENTION_COOP").is_some_and(|v| v == "1")
+        && std::env::var_os("DRIFT_ATTENTION_COOP").is_none_or(|v| v != "0")
         && attention_coop::coop_usable(&gpu.caps, q, k, dims.d)
     {
         variant = AttentionVariant::Coop;

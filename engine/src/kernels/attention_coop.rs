@@ -36,7 +36,8 @@ impl CoopTile {
         let vec4h = self.query_rows() * qp + kp_s + self.keys * qp;
         let f32s =
             self.query_rows() * (self.keys + 4) + 1 + if subgroups { 0 } else { self.threads() };
-        vec4h * 8 + f32s * 4
+        // The leading vec4<u32> that aligns the tiles (see the shader).
+        16 + vec4h * 8 + f32s * 4
     }
 
     /// Row pitch (vec4<f16>) of the Q, K and V tiles.
@@ -59,10 +60,22 @@ fn padded_dim(d: usize) -> usize {
     d.next_multiple_of(16)
 }
 
-/// The preferred tile that fits `caps` for head dim `d`: most query rows (K/V reuse), then most keys
-/// (fewer barriers per key).
+/// The preferred tile that fits `caps` for head dim `d`: most query rows (K/V reuse); then, up to
+/// D = 80, 16 keys per tile: a third of the workgroup memory of 64 keys, so ~2.4x the workgroups per
+/// SM, which beat the extra barriers on the H200 (SD's D = 40: 1.14 against 1.27 ms; D = 80: 104
+/// against 134 us; `drift bench kernels --filter attncoopsweep`); past that most keys (D = 128 was
+/// measured with 32).
 pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
-    [
+    let small_first = [
+        (4, 16),
+        (4, 32),
+        (4, 64),
+        (2, 16),
+        (2, 32),
+        (2, 64),
+        (1, 16),
+    ];
+    let large_first = [
         (4, 64),
         (4, 32),
         (4, 16),
@@ -70,10 +83,11 @@ pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
         (2, 32),
         (2, 16),
         (1, 16),
-    ]
-    .map(|(subgroups, keys)| CoopTile { subgroups, keys })
-    .into_iter()
-    .find(|t| fits(caps, t, d, subgroups))
+    ];
+    if d <= 80 { small_first } else { large_first }
+        .map(|(subgroups, keys)| CoopTile { subgroups, keys })
+        .into_iter()
+        .find(|t| fits(caps, t, d, subgroups))
 }
 
 fn fits(caps: &Caps, t: &CoopTile, d: usize, subgroups: bool) -> bool {
@@ -130,6 +144,8 @@ pub struct CoopDebug {
     pub no_rescale: bool,
     pub lid_role: bool,
     pub vt: bool,
+    /// Compiled without runtime bounds checks and workgroup zeroing (bisection only).
+    pub unchecked: bool,
     /// Stage probe: the output is the first key tile's scores, probabilities or P V
     /// (`dump_s`, `dump_p`, `dump_o`; see [`crate::selftest::attention::coop_stage_checks`]).
     pub dump: Option<CoopStage>,
@@ -156,6 +172,7 @@ impl CoopDebug {
             no_rescale: has("no_rescale"),
             lid_role: has("lid_role"),
             vt: has("vt"),
+            unchecked: has("unchecked"),
             dump: [
                 ("dump_s", CoopStage::Scores),
                 ("dump_p", CoopStage::Probabilities),
@@ -175,6 +192,7 @@ impl CoopDebug {
             (self.no_rescale, "_nr"),
             (self.lid_role, "_lr"),
             (self.vt, "_vt"),
+            (self.unchecked, "_uc"),
         ] {
             if on {
                 t.push_str(n);
@@ -377,6 +395,16 @@ fn bodies(nd: usize, nk: usize, coop: bool, dbg: &CoopDebug) -> Vec<(&'static st
 }
 
 /// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4).
+/// `DRIFT_COOP_ATTENTION_TILE=S,K` (subgroups, keys per tile): one tile for every head dim (timing).
+fn tile_from_env() -> Option<CoopTile> {
+    let v = std::env::var("DRIFT_COOP_ATTENTION_TILE").ok()?;
+    let (s, k) = v.split_once(',')?;
+    Some(CoopTile {
+        subgroups: s.trim().parse().ok()?,
+        keys: k.trim().parse().ok()?,
+    })
+}
+
 fn vec4_ok(t: &Tensor) -> bool {
     (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
 }
@@ -421,7 +449,7 @@ pub(crate) fn coop(
     // With real matrices, subgroups are required (and are 32 wide); emulated, they are used where
     // the pair exchange can.
     let sg_wanted = !emulated || caps.subgroup;
-    let tile = match tile {
+    let tile = match tile.or_else(tile_from_env) {
         Some(t) => {
             let sg = sg_wanted && pair_shuffles_usable(caps, t.threads());
             if !t.valid() || !fits(caps, &t, d, sg) {
@@ -468,6 +496,11 @@ pub(crate) fn coop(
         "attention_coop",
     )
     .defines(config.defines());
+    let spec = if debug.unchecked {
+        spec.trusted()
+    } else {
+        spec
+    };
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.rows();
     let heads = dims.b * dims.hkv;

@@ -4,11 +4,12 @@
 //! scalar loads), every variant and both row-max reductions. K/V rows past kv_len are NaN, so a read
 //! of one shows up in the output.
 //!
-//! The cooperative-matrix variant (experimental, not chosen by `Auto`: wrong on the H200, see
-//! `kernels::attention`) runs [`coop_cases`] only with `DRIFT_SELFTEST_COOP_ATTENTION=1` on devices
-//! that have it; [`coop_emulated_checks`] runs the same cases through the emulated kernel on any f16
-//! device, which is how the coop algorithm is tested on lavapipe. `DRIFT_SELFTEST_COOP_ATTENTION=stages`
-//! runs the stage probes instead (`attention_stages`).
+//! The cooperative-matrix variant (`Auto`'s prefill wherever the device has it) runs [`coop_cases`]
+//! on devices that have it; [`coop_emulated_checks`] runs the same cases through the emulated kernel
+//! on any f16 device, which is how the coop algorithm is tested on lavapipe (on NVIDIA the emulated
+//! build takes minutes to compile, so it runs there only with `DRIFT_SELFTEST_COOP_ATTENTION=1`).
+//! `DRIFT_SELFTEST_COOP_ATTENTION=only` / `only_real` runs the cooperative cases alone (with / without
+//! the emulated control), `stages` / `stages_real` the stage probes instead (`attention_stages`).
 
 use super::attention_stages::{DIMS as STAGE_DIMS, coop_stage_checks};
 use super::{Check, Rng, compare, random, store_rtol};
@@ -216,8 +217,9 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     }
     cases.extend(row_cases(gpu));
     let coop_env = std::env::var("DRIFT_SELFTEST_COOP_ATTENTION").unwrap_or_default();
-    if coop_env == "stages" {
-        // The stage probes alone: the real kernel's, then the emulated control's.
+    if coop_env == "stages" || coop_env == "stages_real" {
+        // The stage probes alone: the real kernel's, then (unless `stages_real`: NVIDIA's compiler
+        // takes minutes over the emulated build) the emulated control's.
         let mut out = Vec::new();
         if coop_available(&gpu.caps) {
             out.extend(coop_stage_checks(
@@ -227,7 +229,7 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
                 &STAGE_DIMS,
             )?);
         }
-        if gpu.caps.f16 {
+        if gpu.caps.f16 && coop_env == "stages" {
             out.extend(coop_stage_checks(
                 gpu,
                 rng,
@@ -237,27 +239,26 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         }
         return Ok(out);
     }
-    if coop_env == "only" {
+    if coop_env == "only" || coop_env == "only_real" {
         // The cooperative cases alone (bisection runs on the target GPU).
         cases.clear();
     }
-    if coop_env == "1" || coop_env == "only" {
-        // The real kernel, and the emulated one as its control.
-        if coop_available(&gpu.caps) {
-            cases.extend(coop_cases(AttentionVariant::Coop));
-        }
-        if gpu.caps.f16 {
-            cases.extend(coop_cases(AttentionVariant::CoopEmulated));
-        }
+    // The real kernel where the device has it, and (only when asked) the emulated one as its control.
+    if coop_available(&gpu.caps) {
+        cases.extend(coop_cases(AttentionVariant::Coop));
+    }
+    if (coop_env == "1" || coop_env == "only") && gpu.caps.f16 {
+        cases.extend(coop_cases(AttentionVariant::CoopEmulated));
     }
     let mut out = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let started = std::time::Instant::now();
-        if coop_env == "only" {
+        let verbose = coop_env == "only" || coop_env == "only_real";
+        if verbose {
             eprintln!("case {i}: {case:?}");
         }
         let checks = check(gpu, rng, case);
-        if coop_env == "only" {
+        if verbose {
             // Printed as they come: a hung case still leaves the earlier results.
             eprintln!("case {i}: {:.2} s", started.elapsed().as_secs_f64());
             match &checks {

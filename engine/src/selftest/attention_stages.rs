@@ -1,4 +1,4 @@
-//! Stage probes of the cooperative flash attention (wrong on the H200, see `kernels::attention`): one
+//! Stage probes of the cooperative flash attention (how its H200 fault was found, see `kernels::attention`): one
 //! query tile against one key tile, the kernel stopped after its scores, its probabilities or its
 //! P V and that stage written out (`CoopDebug::dump`), each compared with the CPU. The first stage
 //! that fails is where the fault is. The emulated build runs them on any f16 device (how the probes
@@ -111,6 +111,7 @@ fn probe(gpu: &Gpu, rng: &mut Rng, variant: AttentionVariant, d: usize) -> Resul
             }),
             ..AttentionOptions::default()
         };
+        let started = std::time::Instant::now();
         let mut prog = Program::new();
         prog.extend(attention(gpu, &q, &k, &v, &o, &step, &opts)?);
         gpu.poison(&o)?;
@@ -123,7 +124,7 @@ fn probe(gpu: &Gpu, rng: &mut Rng, variant: AttentionVariant, d: usize) -> Resul
                 .map(|e| all[(e / cols) * d + e % cols])
                 .collect()
         };
-        checks.push(compare(
+        let check = compare(
             format!(
                 "{} stage {stage:?} D{d} tile {rows}x{keys}",
                 prog.dispatches[0].name
@@ -132,7 +133,20 @@ fn probe(gpu: &Gpu, rng: &mut Rng, variant: AttentionVariant, d: usize) -> Resul
             &want,
             atol,
             2e-3,
-        ));
+        );
+        if let Ok(dir) = std::env::var("DRIFT_COOP_STAGE_DUMP") {
+            // (Bisection off the device) inputs and this stage's raw output as little-endian f32.
+            let tag = format!("{dir}/d{d}_{stage:?}");
+            for (name, x) in [("q", &qv), ("k", &kv), ("v", &vv), ("got", &got)] {
+                let bytes: Vec<u8> = x.iter().flat_map(|f| f.to_le_bytes()).collect();
+                if let Err(e) = std::fs::write(format!("{tag}_{name}.f32"), bytes) {
+                    eprintln!("DRIFT_COOP_STAGE_DUMP: {e}");
+                }
+            }
+        }
+        // Printed as they come: a probe that hangs the device still leaves the earlier results.
+        eprintln!("{check} ({:.1} s)", started.elapsed().as_secs_f64());
+        checks.push(check);
     }
     Ok(checks)
 }

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use drift_engine::kernels::activation::{UnaryOp, unary};
 use drift_engine::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use drift_engine::kernels::attention_coop::CoopTile;
 use drift_engine::kernels::attention_row;
 use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
@@ -342,6 +343,40 @@ pub fn run_all(
         let dispatches = attention(gpu, &q, &k, &v, &o, &step, &opts)?;
         let note = dispatches[0].name.clone();
         report(measure(gpu, name, &dispatches, reps.min(5), &note)?);
+    }
+    // Tile sweep of the cooperative attention at SD's shapes (only when the filter asks for
+    // "attncoopsweep"); tiles that do not fit the device are skipped.
+    if filter.is_some_and(|f| f.contains("attncoopsweep")) && coop_available(&gpu.caps) {
+        for (lq, d) in [(4096, 40), (1024, 80), (256, 160)] {
+            let q = act(&[2, lq, 8, d], DType::F16)?;
+            let k = act(&[2, lq, 8, d], DType::F16)?;
+            let o = act(&[2, lq, 8, d], DType::F16)?;
+            gpu.write_tensor_bytes(&step, bytemuck_pair(lq as u32, 0).as_slice())?;
+            for (subgroups, keys) in [
+                (4, 64),
+                (4, 32),
+                (4, 16),
+                (2, 64),
+                (2, 32),
+                (2, 16),
+                (1, 16),
+            ] {
+                let opts = AttentionOptions {
+                    variant: AttentionVariant::Coop,
+                    coop_tile: Some(CoopTile { subgroups, keys }),
+                    ..Default::default()
+                };
+                let Ok(dispatches) = attention(gpu, &q, &k, &k, &o, &step, &opts) else {
+                    continue;
+                };
+                let name = format!(
+                    "attncoopsweep sd {lq} tok d{d} tile {}x{keys}",
+                    16 * subgroups
+                );
+                let note = dispatches[0].name.clone();
+                report(measure(gpu, &name, &dispatches, reps.min(5), &note)?);
+            }
+        }
     }
     // Decode attention of the benchmark LLMs, split-sequence against one-pass, by KV length: where
     // decode programs should switch from one to the other (`attention_row::ROW_MAX_KV`).
