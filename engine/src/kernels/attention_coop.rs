@@ -60,33 +60,49 @@ fn padded_dim(d: usize) -> usize {
     d.next_multiple_of(16)
 }
 
-/// The preferred tile that fits `caps` for head dim `d`: most query rows (K/V reuse); then, up to
-/// D = 80, 16 keys per tile: a third of the workgroup memory of 64 keys, so ~2.4x the workgroups per
-/// SM, which beat the extra barriers on the H200 (SD's D = 40: 1.14 against 1.27 ms; D = 80: 104
-/// against 134 us; `drift bench kernels --filter attncoopsweep`); past that most keys (D = 128 was
-/// measured with 32).
+/// The largest tile that fits `caps` for head dim `d`: most query rows (K/V reuse), then most keys
+/// (fewer barriers per key).
 pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
-    let small_first = [
-        (4, 16),
-        (4, 32),
-        (4, 64),
-        (2, 16),
-        (2, 32),
-        (2, 64),
-        (1, 16),
-    ];
-    let large_first = [
-        (4, 64),
-        (4, 32),
-        (4, 16),
-        (2, 64),
-        (2, 32),
-        (2, 16),
-        (1, 16),
-    ];
-    if d <= 80 { small_first } else { large_first }
-        .map(|(subgroups, keys)| CoopTile { subgroups, keys })
-        .into_iter()
+    first_fit(caps, d, subgroups, &LARGE_FIRST)
+}
+
+const LARGE_FIRST: [(usize, usize); 7] = [
+    (4, 64),
+    (4, 32),
+    (4, 16),
+    (2, 64),
+    (2, 32),
+    (2, 16),
+    (1, 16),
+];
+const FEW_KEYS_FIRST: [(usize, usize); 7] = [
+    (4, 16),
+    (4, 32),
+    (4, 64),
+    (2, 16),
+    (2, 32),
+    (2, 64),
+    (1, 16),
+];
+
+/// The tile [`coop`] takes when none is given. Non-causal attention (SD's self- and cross-attention)
+/// takes 16 keys per tile first: a third of the workgroup memory of 64 keys, so more workgroups per
+/// SM, which beat the extra barriers on the H200 (D = 40: 1.14 against 1.27 ms; D = 80: 104 against
+/// 134 us; `drift bench kernels --filter attncoopsweep`). Causal prefill (LLMs) keeps the largest
+/// tile, with which its figures were measured (1B prefill 42,132 tok/s at D = 64).
+fn preferred_tile(caps: &Caps, d: usize, subgroups: bool, causal: bool) -> Option<CoopTile> {
+    let order = if causal {
+        &LARGE_FIRST
+    } else {
+        &FEW_KEYS_FIRST
+    };
+    first_fit(caps, d, subgroups, order)
+}
+
+fn first_fit(caps: &Caps, d: usize, subgroups: bool, order: &[(usize, usize)]) -> Option<CoopTile> {
+    order
+        .iter()
+        .map(|&(subgroups, keys)| CoopTile { subgroups, keys })
         .find(|t| fits(caps, t, d, subgroups))
 }
 
@@ -459,9 +475,9 @@ pub(crate) fn coop(
             }
             t
         }
-        None => coop_tile(caps, d, sg_wanted)
+        None => preferred_tile(caps, d, sg_wanted, causal)
             .filter(|t| !sg_wanted || pair_shuffles_usable(caps, t.threads()))
-            .or_else(|| coop_tile(caps, d, false))
+            .or_else(|| preferred_tile(caps, d, false, causal))
             .ok_or_else(|| {
                 DriftError::Unsupported(format!(
                     "attention: head dim {d} needs more workgroup memory for the {what} kernel \
