@@ -207,3 +207,63 @@ fn attention_timing() {
         );
     }
 }
+
+/// The tiles the cooperative loads read must start on 16 bytes: NVIDIA's matrix loads drop the low
+/// address bits, and on the H200 a tile 8 bytes off was read 4 elements early (BENCHMARKS.md,
+/// 2026-12-02). `@align` is not emitted for workgroup memory, so the struct's own alignment (the
+/// largest of its members' types, as naga's layouter computes it) must be 16, and so must every
+/// member's offset.
+#[test]
+fn attention_coop_tiles_start_on_16_bytes() {
+    let source = drift_engine::shader!("attention_coop.wgsl");
+    for (d, subgroups, keys) in [
+        (40, 4, 16),
+        (40, 4, 64),
+        (64, 4, 64),
+        (80, 4, 16),
+        (128, 4, 32),
+    ] {
+        let config = CoopConfig {
+            d,
+            tile: CoopTile { subgroups, keys },
+            g: 1,
+            causal: false,
+            coop: true,
+            subgroups: true,
+            vec_q: true,
+            vec_kv: true,
+            vec_out: true,
+            out_f16: true,
+            debug: Default::default(),
+        };
+        let src = drift_engine::kernels::preprocess(source, &config.defines()).unwrap();
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let tiles = module
+            .global_variables
+            .iter()
+            .find(|(_, g)| g.name.as_deref() == Some("tiles"))
+            .expect("a `tiles` workgroup variable")
+            .1;
+        assert_eq!(tiles.space, naga::AddressSpace::WorkGroup);
+        let naga::TypeInner::Struct { members, .. } = &module.types[tiles.ty].inner else {
+            panic!("`tiles` is not a struct");
+        };
+        // An alignment rounds 1 up to itself.
+        let align = layouter[tiles.ty].alignment.round_up(1);
+        assert!(
+            align >= 16,
+            "D{d} {subgroups}x{keys}: tiles aligned to {align} bytes, not 16"
+        );
+        for m in members {
+            assert_eq!(
+                m.offset % 16,
+                0,
+                "D{d}: member {:?} at {}",
+                m.name,
+                m.offset
+            );
+        }
+    }
+}
