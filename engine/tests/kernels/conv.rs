@@ -1,5 +1,5 @@
 use crate::common::{gpu, run_checks};
-use crate::spirv::{combos, to_spirv};
+use crate::spirv::{assert_workgroup_sizes_on_16, combos, to_spirv};
 use drift_engine::kernels::conv::{
     Conv2dOptions, Conv2dVariant, conv2d, conv2d_output_size, conv2d_plan,
 };
@@ -78,6 +78,9 @@ fn conv_coop_compiles_to_spirv() {
                             continue;
                         }
                         let words = to_spirv("conv_coop", source, &d);
+                        if emulate == "0" {
+                            assert_workgroup_sizes_on_16("conv_coop", source, &d);
+                        }
                         // OpCapability CooperativeMatrixKHR (6022) exactly when not emulated.
                         let coop = words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]);
                         assert_eq!(coop, emulate == "0", "{d:?}");

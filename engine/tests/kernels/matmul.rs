@@ -1,5 +1,5 @@
 use crate::common::run_checks;
-use crate::spirv::{combos, to_spirv};
+use crate::spirv::{assert_workgroup_sizes_on_16, combos, to_spirv};
 use drift_engine::selftest::matmul;
 
 #[test]
@@ -33,6 +33,7 @@ fn matmul_coop_compiles_to_spirv() {
                 let mut d = d.clone();
                 d.push(("ST8", u8::from(!on("SG8") || on("BK64")).to_string()));
                 let words = to_spirv("matmul_coop", source, &d);
+                assert_workgroup_sizes_on_16("matmul_coop", source, &d);
                 // OpCapability CooperativeMatrixKHR (6022) must be declared.
                 assert!(
                     words.windows(2).any(|w| w == [(2 << 16) | 17, 6022]),

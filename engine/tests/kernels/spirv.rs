@@ -77,3 +77,22 @@ pub fn paired_defines(glu: bool) -> Vec<(&'static str, String)> {
     }
     d
 }
+
+/// For kernels whose cooperative loads read workgroup arrays of vec4<f16> (a type only 8-byte
+/// aligned): every workgroup variable's size must be a multiple of 16 bytes, so that each array starts
+/// on 16 bytes however the driver orders them (from a 16-byte base, each at its natural alignment).
+/// NVIDIA's matrix loads drop the low address bits: a tile 8 bytes off is read 4 elements early (see
+/// `attention_coop_tiles_start_on_16_bytes`).
+pub fn assert_workgroup_sizes_on_16(name: &str, source: &str, defines: &[(&'static str, String)]) {
+    let src = preprocess(source, defines).unwrap_or_else(|e| panic!("{name} {defines:?}: {e}"));
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("{name} {defines:?}: {}", e.emit_to_string(&src)));
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    for (_, g) in module.global_variables.iter() {
+        if g.space == naga::AddressSpace::WorkGroup {
+            let size = layouter[g.ty].size;
+            assert_eq!(size % 16, 0, "{name} {defines:?}: {:?} is {size} bytes", g.name);
+        }
+    }
+}
