@@ -63,10 +63,11 @@ fn padded_dim(d: usize) -> usize {
 /// The largest tile that fits `caps` for head dim `d`: most query rows (K/V reuse), then most keys
 /// (fewer barriers per key).
 pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
-    first_fit(caps, d, subgroups, &LARGE_FIRST)
+    first_fit(caps, d, subgroups, &TILES)
 }
 
-const LARGE_FIRST: [(usize, usize); 7] = [
+/// Every tile shape (subgroups, keys), largest first.
+pub const TILES: [(usize, usize); 7] = [
     (4, 64),
     (4, 32),
     (4, 16),
@@ -91,11 +92,7 @@ const FEW_KEYS_FIRST: [(usize, usize); 7] = [
 /// 134 us; `drift bench kernels --filter attncoopsweep`). Causal prefill (LLMs) keeps the largest
 /// tile, with which its figures were measured (1B prefill 42,132 tok/s at D = 64).
 fn preferred_tile(caps: &Caps, d: usize, subgroups: bool, causal: bool) -> Option<CoopTile> {
-    let order = if causal {
-        &LARGE_FIRST
-    } else {
-        &FEW_KEYS_FIRST
-    };
+    let order = if causal { &TILES } else { &FEW_KEYS_FIRST };
     first_fit(caps, d, subgroups, order)
 }
 
@@ -410,7 +407,6 @@ fn bodies(nd: usize, nk: usize, coop: bool, dbg: &CoopDebug) -> Vec<(&'static st
     ]
 }
 
-/// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4).
 /// `DRIFT_COOP_ATTENTION_TILE=S,K` (subgroups, keys per tile): one tile for every head dim (timing).
 fn tile_from_env() -> Option<CoopTile> {
     let v = std::env::var("DRIFT_COOP_ATTENTION_TILE").ok()?;
@@ -421,6 +417,7 @@ fn tile_from_env() -> Option<CoopTile> {
     })
 }
 
+/// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4).
 fn vec4_ok(t: &Tensor) -> bool {
     (t.storage.offset / t.elem_bytes()).is_multiple_of(4)
 }

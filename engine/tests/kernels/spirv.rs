@@ -92,7 +92,12 @@ pub fn assert_workgroup_sizes_on_16(name: &str, source: &str, defines: &[(&'stat
     for (_, g) in module.global_variables.iter() {
         if g.space == naga::AddressSpace::WorkGroup {
             let size = layouter[g.ty].size;
-            assert_eq!(size % 16, 0, "{name} {defines:?}: {:?} is {size} bytes", g.name);
+            assert_eq!(
+                size % 16,
+                0,
+                "{name} {defines:?}: {:?} is {size} bytes",
+                g.name
+            );
         }
     }
 }
