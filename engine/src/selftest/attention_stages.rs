@@ -1,9 +1,11 @@
 //! Stage probes of the cooperative flash attention (how its H200 fault was found, see
-//! `kernels::attention`): one query tile against one key tile, the kernel stopped after its scores, its probabilities or its
-//! P V and that stage written out (`CoopDebug::dump`), each compared with the CPU. The first stage
-//! that fails is where the fault is. The emulated build runs them on any f16 device (how the probes
-//! themselves are tested); `DRIFT_SELFTEST_COOP_ATTENTION=stages drift selftest --only attention`
-//! runs the real one and the emulated control on a device with cooperative matrices.
+//! `kernels::attention`): one query tile against one key tile, the kernel stopped after its scores,
+//! its probabilities or its P V and that stage written out (`CoopDebug::dump`), each compared with
+//! the CPU. The first stage that fails is where the fault is. The emulated build runs them on any f16
+//! device (how the probes themselves are tested); `DRIFT_SELFTEST_COOP_ATTENTION=stages drift
+//! selftest --only attention` runs the real one and the emulated control on a device with
+//! cooperative matrices (`stages_real` the real one alone; `DRIFT_COOP_STAGE_DUMP=DIR` writes the
+//! inputs and outputs for offline fitting).
 
 use half::f16;
 
