@@ -51,7 +51,7 @@ impl CoopTile {
     }
 
     fn valid(&self) -> bool {
-        [1, 2, 4].contains(&self.subgroups) && [16, 32, 64].contains(&self.keys)
+        [1, 2, 4, 8].contains(&self.subgroups) && [16, 32, 64].contains(&self.keys)
     }
 }
 
@@ -66,7 +66,12 @@ pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
     first_fit(caps, d, subgroups, &TILES)
 }
 
-/// Every tile shape (subgroups, keys), largest first.
+/// Tiles of 8 subgroups (128 query rows: each staged K/V tile serves twice the rows): valid, timed by
+/// the bench sweep and taken with `DRIFT_COOP_ATTENTION_TILE=8,K`, not chosen by default (not yet
+/// measured on the H200).
+pub const WIDE_TILES: [(usize, usize); 2] = [(8, 16), (8, 32)];
+
+/// Every tile shape (subgroups, keys) the kernel picks from, largest first.
 pub const TILES: [(usize, usize); 7] = [
     (4, 64),
     (4, 32),
@@ -566,7 +571,12 @@ mod tests {
         assert!(smem((4, 16), 160, true) <= 49152);
         assert!(smem((4, 16), 256, true) > 49152);
         assert!(smem((2, 16), 256, true) <= 49152);
+        // The 8-subgroup tiles take SD's D = 40 with 16 or 32 keys; D = 80 only with 16.
+        assert!(smem((8, 32), 40, true) <= 49152);
+        assert!(smem((8, 16), 80, true) <= 49152);
+        assert!(smem((8, 32), 80, true) > 49152);
         // 32 KiB (lavapipe), with the workgroup-memory exchange too.
+        assert!(smem((8, 16), 32, false) <= 32768);
         assert!(smem((4, 32), 80, false) <= 32768);
         assert!(smem((4, 16), 128, false) <= 32768);
     }

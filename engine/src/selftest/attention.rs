@@ -374,7 +374,7 @@ pub fn coop_cases(variant: AttentionVariant) -> Vec<Case> {
             .dtypes(h, h, h)
             .variant(variant)
     };
-    vec![
+    let mut cases = vec![
         // GQA 4:1, 68 rows per KV head, D = 40 (SD's head dim, padded to 48).
         c(1, 17, 17, 4, 1, 40, true),
         // Batch 2, kv_len 40 of 45 rows, f32 output.
@@ -421,7 +421,27 @@ pub fn coop_cases(variant: AttentionVariant) -> Vec<Case> {
             }),
             ..c(2, 33, 45, 2, 2, 40, false).steps(&[(45, 0)])
         },
-    ]
+        // 8 subgroups (128 query rows), 16 keys: 3 query tiles (one partial) of 300 rows, 10 key
+        // tiles (D = 32 fits lavapipe's 32 KiB emulated).
+        Case {
+            coop_tile: Some(CoopTile {
+                subgroups: 8,
+                keys: 16,
+            }),
+            ..c(1, 150, 150, 2, 1, 32, false)
+        },
+    ];
+    if variant == AttentionVariant::Coop {
+        // SD's D = 40 on the 8-subgroup tile (33 KiB: real devices only).
+        cases.push(Case {
+            coop_tile: Some(CoopTile {
+                subgroups: 8,
+                keys: 16,
+            }),
+            ..c(2, 70, 90, 2, 2, 40, false)
+        });
+    }
+    cases
 }
 
 /// A fresh buffer and a `shape` view `offset` elements into it.

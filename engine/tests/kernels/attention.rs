@@ -57,7 +57,8 @@ fn attention_coop_refuses_what_it_cannot_run() {
 
 /// The cooperative-matrix kernel cannot run on lavapipe: check every specialisation offline (parse,
 /// validate, SPIR-V), with real and emulated matrices, so it is known to compile before it meets
-/// the H200. Shapes: the tiles the H200 picks for D = 40, 64, 80, 128, 160, 256 and smaller ones.
+/// the H200. Shapes: the tiles the H200 picks for D = 40, 64, 80, 128, 160, 256, smaller ones and
+/// 8-subgroup ones.
 #[test]
 fn attention_coop_compiles_to_spirv() {
     let source = drift_engine::shader!("attention_coop.wgsl");
@@ -69,6 +70,8 @@ fn attention_coop_compiles_to_spirv() {
         (160, 4, 16, 1),
         (256, 2, 16, 2),
         (40, 1, 16, 3),
+        (40, 8, 16, 1),
+        (80, 8, 16, 2),
     ];
     let mut n = 0;
     for (d, subgroups, keys, g) in shapes {
@@ -98,7 +101,7 @@ fn attention_coop_compiles_to_spirv() {
             n += 1;
         }
     }
-    assert_eq!(n, 7 * 96);
+    assert_eq!(n, 9 * 96);
 }
 
 /// GPU time of the attention kernels at model sizes (not a correctness test; run on a real GPU with
@@ -222,6 +225,7 @@ fn attention_coop_tiles_start_on_16_bytes() {
         (64, 4, 64),
         (80, 4, 16),
         (128, 4, 32),
+        (40, 8, 16),
     ] {
         let config = CoopConfig {
             d,

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use drift_engine::kernels::activation::{UnaryOp, unary};
 use drift_engine::kernels::attention::{AttentionOptions, AttentionVariant, attention};
-use drift_engine::kernels::attention_coop::{CoopTile, TILES};
+use drift_engine::kernels::attention_coop::{CoopTile, TILES, WIDE_TILES};
 use drift_engine::kernels::attention_row;
 use drift_engine::kernels::conv::{Conv2dOptions, Conv2dVariant, conv2d, conv2d_weight};
 use drift_engine::kernels::copy::copy;
@@ -352,7 +352,7 @@ pub fn run_all(
             let k = act(&[2, lq, 8, d], DType::F16)?;
             let o = act(&[2, lq, 8, d], DType::F16)?;
             gpu.write_tensor_bytes(&step, bytemuck_pair(lq as u32, 0).as_slice())?;
-            for (subgroups, keys) in TILES {
+            for &(subgroups, keys) in TILES.iter().chain(&WIDE_TILES) {
                 let opts = AttentionOptions {
                     variant: AttentionVariant::Coop,
                     coop_tile: Some(CoopTile { subgroups, keys }),
