@@ -420,12 +420,15 @@ pub fn prefill_tile(gpu: &Gpu, d: usize, subgroups: bool) -> Result<PrefillTile>
 /// `DRIFT_ATTENTION_PREFILL_TILE=NY,TK`: the prefill tile where it fits and none was asked for (A/B
 /// timing on the target GPU).
 fn env_prefill_tile() -> Option<PrefillTile> {
-    let v = std::env::var("DRIFT_ATTENTION_PREFILL_TILE").ok()?;
-    let (ny, tk) = v.split_once(',')?;
-    Some(PrefillTile {
-        ny: ny.trim().parse().ok()?,
-        tk: tk.trim().parse().ok()?,
-    })
+    let (ny, tk) = env_pair("DRIFT_ATTENTION_PREFILL_TILE")?;
+    Some(PrefillTile { ny, tk })
+}
+
+/// A tile override `A,B` from the environment variable `name` (None when unset or malformed).
+pub(crate) fn env_pair(name: &str) -> Option<(usize, usize)> {
+    let v = std::env::var(name).ok()?;
+    let (a, b) = v.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
 /// Whether the prefill kernel can use subgroup shuffles with `threads` invocations per workgroup:

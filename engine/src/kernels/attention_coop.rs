@@ -7,7 +7,7 @@
 use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
-use crate::kernels::attention::{Dims, unrolled};
+use crate::kernels::attention::{Dims, env_pair, unrolled};
 use crate::kernels::matmul::coop_available;
 use crate::kernels::{KernelSpec, grid};
 use crate::shader;
@@ -414,12 +414,8 @@ fn bodies(nd: usize, nk: usize, coop: bool, dbg: &CoopDebug) -> Vec<(&'static st
 
 /// `DRIFT_COOP_ATTENTION_TILE=S,K` (subgroups, keys per tile): one tile for every head dim (timing).
 fn tile_from_env() -> Option<CoopTile> {
-    let v = std::env::var("DRIFT_COOP_ATTENTION_TILE").ok()?;
-    let (s, k) = v.split_once(',')?;
-    Some(CoopTile {
-        subgroups: s.trim().parse().ok()?,
-        keys: k.trim().parse().ok()?,
-    })
+    let (subgroups, keys) = env_pair("DRIFT_COOP_ATTENTION_TILE")?;
+    Some(CoopTile { subgroups, keys })
 }
 
 /// Whether a tensor can be read as vec4 (its base element offset in the binding is a multiple of 4).

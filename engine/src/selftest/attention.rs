@@ -250,10 +250,10 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     if (coop_env == "1" || coop_env == "only") && gpu.caps.f16 {
         cases.extend(coop_cases(AttentionVariant::CoopEmulated));
     }
+    let verbose = coop_env == "only" || coop_env == "only_real";
     let mut out = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let started = std::time::Instant::now();
-        let verbose = coop_env == "only" || coop_env == "only_real";
         if verbose {
             eprintln!("case {i}: {case:?}");
         }
