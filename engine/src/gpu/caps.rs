@@ -76,6 +76,29 @@ impl Caps {
         }
     }
 
+    /// An H200-like device (cooperative 16x16 f16 matrices, subgroups of 32) with
+    /// `max_workgroup_storage` bytes of workgroup memory: what host-side tile choices are tested against.
+    #[cfg(test)]
+    pub fn h200_like(max_workgroup_storage: u32) -> Caps {
+        Caps {
+            f16: true,
+            subgroup: true,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            timestamps: true,
+            timestamps_inside_passes: true,
+            cooperative_matrix: true,
+            coop_16x16_f16_f32: true,
+            max_buffer_size: 1 << 32,
+            max_storage_binding: 1 << 31,
+            max_storage_buffers_per_stage: 16,
+            max_workgroup_storage,
+            max_invocations_per_workgroup: 1024,
+            max_workgroups_per_dimension: 65535,
+            timestamp_period_ns: 1.0,
+        }
+    }
+
     /// A copy with optional features switched off, so tests can exercise the portable fallbacks on a
     /// device that has the fast paths (for example `DRIFT_DISABLE=f16,subgroup`).
     pub fn without(&self, names: &str) -> Caps {

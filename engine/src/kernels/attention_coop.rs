@@ -66,9 +66,8 @@ pub fn coop_tile(caps: &Caps, d: usize, subgroups: bool) -> Option<CoopTile> {
     first_fit(caps, d, subgroups, &TILES)
 }
 
-/// Tiles of 8 subgroups (128 query rows: each staged K/V tile serves twice the rows): valid, timed by
-/// the bench sweep and taken with `DRIFT_COOP_ATTENTION_TILE=8,K`, not chosen by default (not yet
-/// measured on the H200).
+/// Tiles of 8 subgroups (128 query rows: each staged K/V tile serves twice the rows): timed by the
+/// bench sweep, taken first by non-causal attention (see [`preferred_tile`]).
 pub const WIDE_TILES: [(usize, usize); 2] = [(8, 16), (8, 32)];
 
 /// Every tile shape (subgroups, keys) the kernel picks from, largest first.
@@ -81,7 +80,9 @@ pub const TILES: [(usize, usize); 7] = [
     (2, 16),
     (1, 16),
 ];
-const FEW_KEYS_FIRST: [(usize, usize); 7] = [
+const NON_CAUSAL: [(usize, usize); 9] = [
+    (8, 32),
+    (8, 16),
     (4, 16),
     (4, 32),
     (4, 64),
@@ -92,12 +93,14 @@ const FEW_KEYS_FIRST: [(usize, usize); 7] = [
 ];
 
 /// The tile [`coop`] takes when none is given. Non-causal attention (SD's self- and cross-attention)
-/// takes 16 keys per tile first: a third of the workgroup memory of 64 keys, so more workgroups per
-/// SM, which beat the extra barriers on the H200 (D = 40: 1.14 against 1.27 ms; D = 80: 104 against
-/// 134 us; `drift bench kernels --filter attncoopsweep`). Causal prefill (LLMs) keeps the largest
-/// tile, with which its figures were measured (1B prefill 42,132 tok/s at D = 64).
+/// takes 128 query rows first, then 16 keys per tile: timed on the H200 (`drift bench kernels --filter
+/// attncoopsweep`, 2026-12-02), D = 40 at 4096 tokens ran 920 us with 128 x 32 against 1,141 with
+/// 64 x 16 and 1,274 with 64 x 64; D = 80 (where 128 x 32 does not fit) 98.6 us with 128 x 16 against
+/// 104.5 with 64 x 16; D = 160 fits neither and takes 64 x 16 (42.6 us, against 44.1 with 32 x 32).
+/// Causal prefill (LLMs) keeps the largest 4-subgroup tile, with which its figures were measured (1B
+/// prefill 42,651 tok/s at D = 64).
 fn preferred_tile(caps: &Caps, d: usize, subgroups: bool, causal: bool) -> Option<CoopTile> {
-    let order = if causal { &TILES } else { &FEW_KEYS_FIRST };
+    let order: &[(usize, usize)] = if causal { &TILES } else { &NON_CAUSAL };
     first_fit(caps, d, subgroups, order)
 }
 
@@ -575,6 +578,22 @@ mod tests {
         assert!(smem((8, 16), 32, false) <= 32768);
         assert!(smem((4, 32), 80, false) <= 32768);
         assert!(smem((4, 16), 128, false) <= 32768);
+    }
+
+    #[test]
+    fn sd_attention_takes_its_measured_tiles() {
+        let caps = Caps::h200_like(49152);
+        let tile = |d, causal| {
+            let t = preferred_tile(&caps, d, true, causal).unwrap();
+            (t.subgroups, t.keys)
+        };
+        // Non-causal: the fastest measured at SD's head dims (see `preferred_tile`).
+        assert_eq!(tile(40, false), (8, 32));
+        assert_eq!(tile(80, false), (8, 16));
+        assert_eq!(tile(160, false), (4, 16));
+        // Causal LLM prefill: the largest 4-subgroup tile.
+        assert_eq!(tile(64, true), (4, 64));
+        assert_eq!(tile(128, true), (4, 32));
     }
 
     #[test]

@@ -26,10 +26,15 @@ pub const COOP_TILE: usize = 128;
 /// build splits alike.
 pub const COOP_K_STEP: usize = 64;
 
-/// Workgroups below which [`crate::kernels::conv::conv2d_plan`] splits K for the cooperative kernel: one
-/// per H200 SM (132). A first guess, not yet measured; `drift bench kernels --filter "conv coop"` has
-/// the forced-split cases to tune it.
-pub const COOP_TARGET_WORKGROUPS: usize = 132;
+/// Cooperative workgroups the H200 runs side by side: one per SM (132). Measured (2026-12-02, `drift
+/// bench kernels --filter convcoopsweep`): a second workgroup on an SM adds no throughput, so a grid
+/// of 160 takes as long as one of 264 (16x16 x 1280: 4 splits 405 us, 3 splits 281 us).
+pub const COOP_CONCURRENT_WORKGROUPS: usize = 132;
+
+/// What a workgroup pays besides its K steps (the pixel setup, the staged epilogue, the partial
+/// sums' share of the summing pass), in K steps of 64: fitted to the same sweep (1.5 at 16x16 x 1280,
+/// 5.9 at 32x32 x 640).
+pub const COOP_WORKGROUP_OVERHEAD_STEPS: usize = 4;
 
 /// One build of the cooperative kernel: subgroups of 32 per 128 x 128 block (8 or 4), K per step (64
 /// only with 8 subgroups) and whether the next step is prefetched into registers.
@@ -411,23 +416,7 @@ mod tests {
     #[test]
     fn auto_picks_k64_where_it_fits() {
         // An H200-like device with `max_workgroup_storage` bytes of workgroup memory.
-        let caps = |max_workgroup_storage| Caps {
-            f16: true,
-            subgroup: true,
-            subgroup_min_size: 32,
-            subgroup_max_size: 32,
-            timestamps: true,
-            timestamps_inside_passes: true,
-            cooperative_matrix: true,
-            coop_16x16_f16_f32: true,
-            max_buffer_size: 1 << 32,
-            max_storage_binding: 1 << 31,
-            max_storage_buffers_per_stage: 16,
-            max_workgroup_storage,
-            max_invocations_per_workgroup: 1024,
-            max_workgroups_per_dimension: 65535,
-            timestamp_period_ns: 1.0,
-        };
+        let caps = Caps::h200_like;
         let f16 = DType::F16;
         let auto = |c: &Caps| {
             resolve_variant(

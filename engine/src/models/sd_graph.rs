@@ -604,7 +604,13 @@ impl Graph {
                 let ws = &self.weights[*w].shape;
                 let m = os[0] * os[2] * os[3];
                 let k = xs[1] * ws[2] * ws[3];
-                let (_, splits) = conv2d_plan(m, os[1], k, Conv2dVariant::Auto, None);
+                // Sized for the portable and the cooperative plans alike (they split differently),
+                // so one figure holds whichever kernel the device runs.
+                let splits = [Conv2dVariant::Auto, Conv2dVariant::Coop]
+                    .map(|v| conv2d_plan(m, os[1], k, v, None).1)
+                    .into_iter()
+                    .max()
+                    .unwrap_or(1);
                 if splits > 1 {
                     most = most.max(splits * os.iter().product::<usize>());
                 }

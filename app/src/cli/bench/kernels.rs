@@ -481,6 +481,17 @@ fn grid_sync_cases(gpu: &Gpu, report: &mut dyn FnMut(Measurement)) -> Result<()>
     Ok(())
 }
 
+/// One convolution [`conv_cases`] times: input `[N, C, H, W]`, `o` output channels, a `ks` x `ks`
+/// kernel (stride 1, same padding), the variant and K splits asked for.
+struct ConvCase {
+    name: String,
+    x: [usize; 4],
+    o: usize,
+    ks: usize,
+    variant: Conv2dVariant,
+    split_k: Option<usize>,
+}
+
 /// SD 1.5's convolutions: the UNet's 3x3 at 64x64 x 320 (batch 2) and the VAE decoder's at 128x128 x 512,
 /// with the kernel this device picks (`conv2d 3x3 2x320x64x64 -> 320`), the portable one (`... portable`)
 /// and, where the device has it, the cooperative one in its eight-subgroup layout with K steps of 64
@@ -496,56 +507,103 @@ fn conv_cases(
     let dt = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
     let coop = coop_available(&gpu.caps) && dt == DType::F16;
     let wanted = |name: &str| filter.is_none_or(|f| name.contains(f));
-    // (name, input [N, C, H, W] with as many output channels as input ones, variant, K splits)
-    let mut cases: Vec<(String, [usize; 4], Conv2dVariant, Option<usize>)> = Vec::new();
+    let mut cases: Vec<ConvCase> = Vec::new();
+    let mut add = |name: String, x, o, ks, variant, split_k| {
+        cases.push(ConvCase {
+            name,
+            x,
+            o,
+            ks,
+            variant,
+            split_k,
+        })
+    };
     for (x, label) in [
         ([2, 320, 64, 64], "2x320x64x64"),
         ([1, 512, 128, 128], "1x512x128x128"),
     ] {
         let name = format!("conv2d 3x3 {label} -> {}", x[1]);
-        cases.push((name.clone(), x, Conv2dVariant::Auto, None));
-        cases.push((format!("{name} portable"), x, Conv2dVariant::P64C4, None));
+        let o = x[1];
+        add(name.clone(), x, o, 3, Conv2dVariant::Auto, None);
+        add(
+            format!("{name} portable"),
+            x,
+            o,
+            3,
+            Conv2dVariant::P64C4,
+            None,
+        );
         if coop {
-            cases.push((format!("{name} coop"), x, Conv2dVariant::Coop, None));
-            cases.push((
+            add(format!("{name} coop"), x, o, 3, Conv2dVariant::Coop, None);
+            add(
                 format!("{name} coop-bk32"),
                 x,
+                o,
+                3,
                 Conv2dVariant::CoopBk32,
                 None,
-            ));
-            cases.push((format!("{name} coop-sg4"), x, Conv2dVariant::CoopSg4, None));
+            );
+            add(
+                format!("{name} coop-sg4"),
+                x,
+                o,
+                3,
+                Conv2dVariant::CoopSg4,
+                None,
+            );
+        }
+    }
+    // The same products as 1x1 convolutions over a materialized im2col matrix (C*9 channels): what
+    // the 3x3 kernel would reach with a contiguous operand instead of its gather.
+    if coop && filter.is_some_and(|f| f.contains("convim2col")) {
+        for (n, c, hw) in [(2, 320, 64), (2, 640, 32), (2, 1280, 16), (1, 512, 128)] {
+            let x = [n, 9 * c, hw, hw];
+            let name = format!("convim2col 1x1 {n}x{}x{hw}x{hw} -> {c}", 9 * c);
+            add(name, x, c, 1, Conv2dVariant::Auto, None);
         }
     }
     if coop && filter.is_some_and(|f| f.contains("convcoopsweep")) {
-        for (x, splits) in [
-            ([2, 320, 64, 64], [1, 2, 4]),
-            ([2, 640, 32, 32], [1, 2, 4]),
-            ([2, 1280, 16, 16], [2, 4, 8]),
-            ([2, 1280, 8, 8], [4, 8, 16]),
-        ] {
-            for split in splits {
+        let sweep: [([usize; 4], &[usize]); 7] = [
+            ([2, 320, 64, 64], &[1, 2, 3, 4]),
+            ([2, 640, 32, 32], &[1, 2, 3, 4, 6]),
+            ([2, 1280, 16, 16], &[2, 3, 4, 6, 8]),
+            ([2, 1280, 8, 8], &[4, 8, 12, 16]),
+            // The VAE decoder's.
+            ([1, 512, 64, 64], &[1, 2]),
+            ([1, 256, 256, 256], &[1, 2]),
+            ([1, 128, 512, 512], &[1, 2]),
+        ];
+        for (x, splits) in sweep {
+            for &split in splits {
                 let name = format!(
                     "convcoopsweep 3x3 {}x{}x{}x{} split {split}",
                     x[0], x[1], x[2], x[3]
                 );
-                cases.push((name, x, Conv2dVariant::Coop, Some(split)));
+                add(name, x, x[1], 3, Conv2dVariant::Coop, Some(split));
             }
         }
     }
-    for (name, x, variant, split_k) in cases {
+    for ConvCase {
+        name,
+        x,
+        o,
+        ks,
+        variant,
+        split_k,
+    } in cases
+    {
         if !wanted(&name) {
             continue;
         }
-        let o = x[1];
         let xt = gpu.tensor("bench", &x, dt, Category::Activations)?;
         let out = gpu.tensor("bench", &[x[0], o, x[2], x[3]], dt, Category::Activations)?;
-        let shape = [o, x[1], 3, 3];
+        let shape = [o, x[1], ks, ks];
         let mut w = conv2d_weight(
             gpu,
             "w",
             &shape,
             dt,
-            &vec![0u8; o * x[1] * 9 * dt_bytes(dt)],
+            &vec![0u8; o * x[1] * ks * ks * dt_bytes(dt)],
         )?;
         // The portable kernel streams transposed weights fastest, the cooperative one needs row-major
         // (the weights are zeros: the same bytes in either layout).
@@ -556,7 +614,7 @@ fn conv_cases(
         };
         let opts = Conv2dOptions {
             stride: 1,
-            padding: 1,
+            padding: ks / 2,
             variant,
             split_k,
             ..Default::default()
