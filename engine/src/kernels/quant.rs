@@ -322,14 +322,28 @@ fn row_groups(tuning: &QuantTuning, dp4a: bool, rows: usize) -> u32 {
     }
 }
 
-/// Weight rows per team: the tuning's, or the kernel's default for 0.
-fn rows_per_team(tuning: &QuantTuning, dp4a: bool) -> u32 {
+/// Weight rows per team for a product of `rows` rows: the tuning's, or the kernel's default for 0.
+/// The integer-dot-product kernel takes 4, or 2 where 4 would leave a grid of one to two workgroups
+/// per SM of the H200 (132), whose busiest SMs then do twice the average work: the 8B's QKV (6144
+/// rows, 192 workgroups of 32) ran 17.1 us with 4 rows and 14.4 with 2 (`drift bench kernels
+/// --filter dp4asweep`, 2026-12-02).
+fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize) -> u32 {
     match tuning.rows_per_team {
-        0 if dp4a => 4,
+        0 if dp4a => {
+            let groups = rows.div_ceil(TEAMS * 4 * row_groups(tuning, true, rows) as usize);
+            if (DP4A_SMS + 1..2 * DP4A_SMS).contains(&groups) {
+                2
+            } else {
+                4
+            }
+        }
         0 => 2,
         r => r,
     }
 }
+
+/// SMs of the H200, the device [`rows_per_team`]'s balance rule was measured on.
+const DP4A_SMS: usize = 132;
 
 /// Teams sharing a row group: the integer-dot-product kernel's (see [`quant_dp4a::k_teams`]), else 1.
 fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
@@ -343,7 +357,7 @@ fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
 /// Weight rows a workgroup covers for a product with `rows` rows in all: TEAMS teams of the tuning's
 /// rows, times the row groups, over the teams that share a row group.
 fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool, rows: usize) -> usize {
-    TEAMS * rows_per_team(tuning, dp4a) as usize * row_groups(tuning, dp4a, rows) as usize
+    TEAMS * rows_per_team(tuning, dp4a, rows) as usize * row_groups(tuning, dp4a, rows) as usize
         / k_teams(tuning, dp4a) as usize
 }
 
@@ -444,7 +458,7 @@ pub fn matvec_quant_shards_tuned(
     };
     let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
     // Row groups per workgroup (the float kernel has one).
-    let r = rows_per_team(&tuning, dp4a) as usize;
+    let r = rows_per_team(&tuning, dp4a, n) as usize;
     // The paired-row epilogues pair up a workgroup's rows: the integer-dot-product kernel's, in one
     // shard of whole workgroups.
     let rows_per_group = rows_per_workgroup(&tuning, dp4a, n);
@@ -666,6 +680,25 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn dp4a_rows_per_team_balance_the_grid() {
+        let t = QuantTuning::default();
+        // Llama 3 8B Q4_0: QKV (6144 rows) would be 192 workgroups of 32: 2 rows per team instead.
+        assert_eq!(rows_per_team(&t, true, 6144), 2);
+        assert_eq!(rows_per_workgroup(&t, true, 6144), 16);
+        // O / down (128 workgroups, split over K), gate-up (448 of 64), LM head: 4.
+        assert_eq!(rows_per_team(&t, true, 4096), 4);
+        assert_eq!(rows_per_team(&t, true, 28672), 4);
+        assert_eq!(rows_per_team(&t, true, 128256), 4);
+        // Asked for, and the float kernel's default.
+        let one = QuantTuning {
+            rows_per_team: 1,
+            ..t
+        };
+        assert_eq!(rows_per_team(&one, true, 6144), 1);
+        assert_eq!(rows_per_team(&t, false, 6144), 2);
     }
 
     #[test]

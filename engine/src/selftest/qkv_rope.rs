@@ -339,10 +339,24 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
             factors: true,
             ..across
         };
+        // Llama 3 8B's QKV (6144 rows): 16-row workgroups (see `quant::rows_per_team`).
+        let llama8b = Split {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            rot: 128,
+            theta: 500000.0,
+            factors: true,
+            pos0: 100,
+            max_ctx: 104,
+            shared_cache: false,
+            ..base
+        };
         products = vec![
             (base, 64, DType::Q4_0, true),
             (interleaved, 96, DType::Q8_0, true),
             (base, 64, DType::Q4_1, false),
+            (llama8b, 4096, DType::Q4_0, true),
         ];
         for &(s, k, w_dtype, norm) in &products {
             out.push(check_epilogue(

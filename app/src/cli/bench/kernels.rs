@@ -160,6 +160,9 @@ pub fn run_all(
             (DType::Q4_0, 4096, 14336),
             (DType::Q4_0, 4096, 4096),
             (DType::Q8_0, 14336, 4096),
+            // The 8B's QKV (192 workgroups of 32 rows on 132 SMs) and gate-up.
+            (DType::Q4_0, 6144, 4096),
+            (DType::Q4_0, 28672, 4096),
         ] {
             let ws = (0..COPIES)
                 .map(|_| gpu.tensor("w", &[n, k], dtype, Category::Weights))
@@ -170,6 +173,8 @@ pub fn run_all(
             // planes, workgroups per row set)
             for (r, rg, u, pf, kt, xq4, kw) in [
                 (4, 1, 1, false, 1, false, 1),
+                (2, 1, 1, false, 1, false, 1),
+                (4, 1, 1, false, 2, false, 1),
                 (4, 2, 1, false, 1, false, 1),
                 (4, 1, 1, false, 1, false, 2),
                 (4, 1, 1, false, 1, false, 4),
