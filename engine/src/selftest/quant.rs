@@ -227,6 +227,31 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
         }
         if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) && gpu.caps.subgroup {
             out.push(check_matvec(gpu, rng, &glu_case(gpu, dtype, k))?);
+            if dtype == DType::Q4_0 {
+                // Llama 3 8B's gate-up (28672 rows in 64-row workgroups) at its real size.
+                out.push(check_matvec(
+                    gpu,
+                    rng,
+                    &Case {
+                        n: 28672,
+                        ..glu_case(gpu, dtype, 4096)
+                    },
+                )?);
+                // Its O with the residual in place (4096 rows, K split over 2 workgroups).
+                let io = if gpu.caps.f16 { DType::F16 } else { DType::F32 };
+                out.push(check_matvec(
+                    gpu,
+                    rng,
+                    &Case {
+                        x_dtype: io,
+                        fuse: Fuse {
+                            residual: Residual::InPlace,
+                            ..Fuse::default()
+                        },
+                        ..Case::new(dtype, 1, 4096, 4096, MatvecVariant::Auto)
+                    },
+                )?);
+            }
             for c in dp4a_tuning_cases(gpu, dtype) {
                 out.push(check_matvec(gpu, rng, &c)?);
             }

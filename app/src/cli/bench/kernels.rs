@@ -174,6 +174,7 @@ pub fn run_all(
             for (r, rg, u, pf, kt, xq4, kw) in [
                 (4, 1, 1, false, 1, false, 1),
                 (2, 1, 1, false, 1, false, 1),
+                (2, 2, 1, false, 1, false, 1),
                 (4, 1, 1, false, 2, false, 1),
                 (4, 2, 1, false, 1, false, 1),
                 (4, 1, 1, false, 1, false, 2),
