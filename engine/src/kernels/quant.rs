@@ -309,7 +309,7 @@ pub fn paired_epilogue_fits(gpu: &Gpu, w: &Tensor) -> bool {
     let t = QuantTuning::default();
     t.dp4a
         && quant_dp4a::eligible(gpu, w.dtype, 1, k, gpu.caps.subgroup)
-        && rows.is_multiple_of(rows_per_workgroup(&t, true, rows))
+        && rows.is_multiple_of(rows_per_workgroup(&t, true, rows, k))
         && word_view(w).is_ok_and(|(v, _)| v.binding(limit.min(MAX_SHARD_BYTES)).is_ok())
 }
 
@@ -327,11 +327,18 @@ fn row_groups(tuning: &QuantTuning, dp4a: bool, rows: usize) -> u32 {
 /// per SM of the H200 (132), whose busiest SMs then do twice the average work: the 8B's QKV (6144
 /// rows, 192 workgroups of 32) ran 17.1 us with 4 rows and 14.4 with 2 (`drift bench kernels
 /// --filter dp4asweep`, 2026-12-02).
-fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize) -> u32 {
+fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize, k: usize) -> u32 {
     match tuning.rows_per_team {
         0 if dp4a => {
             let groups = rows.div_ceil(TEAMS * 4 * row_groups(tuning, true, rows) as usize);
-            if (DP4A_SMS + 1..2 * DP4A_SMS).contains(&groups) {
+            // `DRIFT_DP4A_O2=1` (A/B runs): from 120 workgroups (the 8B's O: 128) where K is not
+            // split over workgroups, see [`quant_dp4a::o_unsplit`].
+            let from = if quant_dp4a::o_unsplit() && k < quant_dp4a::O2_MAX_K {
+                DP4A_SMS - 12
+            } else {
+                DP4A_SMS + 1
+            };
+            if (from..2 * DP4A_SMS).contains(&groups) {
                 2
             } else {
                 4
@@ -356,8 +363,8 @@ fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
 
 /// Weight rows a workgroup covers for a product with `rows` rows in all: TEAMS teams of the tuning's
 /// rows, times the row groups, over the teams that share a row group.
-fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool, rows: usize) -> usize {
-    TEAMS * rows_per_team(tuning, dp4a, rows) as usize * row_groups(tuning, dp4a, rows) as usize
+fn rows_per_workgroup(tuning: &QuantTuning, dp4a: bool, rows: usize, k: usize) -> usize {
+    TEAMS * rows_per_team(tuning, dp4a, rows, k) as usize * row_groups(tuning, dp4a, rows) as usize
         / k_teams(tuning, dp4a) as usize
 }
 
@@ -458,10 +465,10 @@ pub fn matvec_quant_shards_tuned(
     };
     let dp4a = tuning.dp4a && quant_dp4a::eligible(gpu, dtype, batch, k, sg);
     // Row groups per workgroup (the float kernel has one).
-    let r = rows_per_team(&tuning, dp4a, n) as usize;
+    let r = rows_per_team(&tuning, dp4a, n, k) as usize;
     // The paired-row epilogues pair up a workgroup's rows: the integer-dot-product kernel's, in one
     // shard of whole workgroups.
-    let rows_per_group = rows_per_workgroup(&tuning, dp4a, n);
+    let rows_per_group = rows_per_workgroup(&tuning, dp4a, n, k);
     if (opts.glu || opts.rope.is_some())
         && (!dp4a || shards.len() > 1 || !n.is_multiple_of(rows_per_group))
     {
@@ -686,19 +693,19 @@ mod tests {
     fn dp4a_rows_per_team_balance_the_grid() {
         let t = QuantTuning::default();
         // Llama 3 8B Q4_0: QKV (6144 rows) would be 192 workgroups of 32: 2 rows per team instead.
-        assert_eq!(rows_per_team(&t, true, 6144), 2);
-        assert_eq!(rows_per_workgroup(&t, true, 6144), 16);
+        assert_eq!(rows_per_team(&t, true, 6144, 4096), 2);
+        assert_eq!(rows_per_workgroup(&t, true, 6144, 4096), 16);
         // O / down (128 workgroups, split over K), gate-up (448 of 64), LM head: 4.
-        assert_eq!(rows_per_team(&t, true, 4096), 4);
-        assert_eq!(rows_per_team(&t, true, 28672), 4);
-        assert_eq!(rows_per_team(&t, true, 128256), 4);
+        assert_eq!(rows_per_team(&t, true, 4096, 4096), 4);
+        assert_eq!(rows_per_team(&t, true, 28672, 4096), 4);
+        assert_eq!(rows_per_team(&t, true, 128256, 4096), 4);
         // Asked for, and the float kernel's default.
         let one = QuantTuning {
             rows_per_team: 1,
             ..t
         };
-        assert_eq!(rows_per_team(&one, true, 6144), 1);
-        assert_eq!(rows_per_team(&t, false, 6144), 2);
+        assert_eq!(rows_per_team(&one, true, 6144, 4096), 1);
+        assert_eq!(rows_per_team(&t, false, 6144, 4096), 2);
     }
 
     #[test]

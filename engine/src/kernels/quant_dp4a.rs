@@ -107,11 +107,23 @@ pub(crate) fn k_workgroups(requested: u32, rows: usize, k: usize, opts: &MatvecO
         return 1;
     }
     match requested {
+        0 if o_unsplit() && k < O2_MAX_K => 1,
         0 if k >= 4096 && rows <= 8192 => 2,
         0 => 1,
         n => n,
     }
 }
+
+/// `DRIFT_DP4A_O2=1` (A/B runs, not yet measured in a model): products of rows shorter than
+/// [`O2_MAX_K`] are not split over workgroups, and those of 120-263 workgroups of 4 rows per team
+/// take 2 (the 8B's O: 4096 x 4096 ran 11.3 us standalone that way against ~13.7 split over 2
+/// workgroups, BENCHMARKS.md 2026-12-02; its down keeps its split).
+pub(crate) fn o_unsplit() -> bool {
+    std::env::var_os("DRIFT_DP4A_O2").is_some_and(|v| v == "1")
+}
+
+/// Row length below which `DRIFT_DP4A_O2` applies.
+pub(crate) const O2_MAX_K: usize = 8192;
 
 /// Teams sharing a row group for `k_teams` (0 = 1).
 pub(crate) fn k_teams(requested: u32) -> u32 {
