@@ -29,7 +29,7 @@ pub const COOP_K_STEP: usize = 64;
 /// Cooperative workgroups the H200 runs side by side: one per SM (132). Measured (2026-12-02, `drift
 /// bench kernels --filter convcoopsweep`): a second workgroup on an SM adds no throughput, so a grid
 /// of 160 takes as long as one of 264 (16x16 x 1280: 4 splits 405 us, 3 splits 281 us).
-pub const COOP_CONCURRENT_WORKGROUPS: usize = 132;
+pub const COOP_CONCURRENT_WORKGROUPS: usize = crate::kernels::TUNED_SMS;
 
 /// What a workgroup pays besides its K steps (the pixel setup, the staged epilogue, the partial
 /// sums' share of the summing pass), in K steps of 64: fitted to the same sweep (1.5 at 16x16 x 1280,

@@ -35,6 +35,10 @@ pub mod rope;
 pub mod sample;
 pub mod softmax;
 
+/// SMs of the GPU the grid-shape rules were measured on (the H200): the conv split model's waves and
+/// the dp4a products' row balance count workgroups against it.
+pub const TUNED_SMS: usize = 132;
+
 pub use cache::{Kernel, KernelCache, KernelSpec};
 pub use preprocess::preprocess;
 

@@ -18,7 +18,7 @@ use crate::kernels::matvec::{
     Fusion, MatvecOptions, ROWS_PER_WORKGROUP, Stage, check_io, choose_reduction, matvec,
     matvec_cost,
 };
-use crate::kernels::{KernelSpec, grid, quant_dp4a};
+use crate::kernels::{KernelSpec, TUNED_SMS, grid, quant_dp4a};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
 
@@ -334,11 +334,11 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize, k: usize) -> u32
             // `DRIFT_DP4A_O2=1` (A/B runs): from 120 workgroups (the 8B's O: 128) where K is not
             // split over workgroups, see [`quant_dp4a::o_unsplit`].
             let from = if quant_dp4a::o_unsplit() && k < quant_dp4a::O2_MAX_K {
-                DP4A_SMS - 12
+                TUNED_SMS - 12
             } else {
-                DP4A_SMS + 1
+                TUNED_SMS + 1
             };
-            if (from..2 * DP4A_SMS).contains(&groups) {
+            if (from..2 * TUNED_SMS).contains(&groups) {
                 2
             } else {
                 4
@@ -348,9 +348,6 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize, k: usize) -> u32
         r => r,
     }
 }
-
-/// SMs of the H200, the device [`rows_per_team`]'s balance rule was measured on.
-const DP4A_SMS: usize = 132;
 
 /// Teams sharing a row group: the integer-dot-product kernel's (see [`quant_dp4a::k_teams`]), else 1.
 fn k_teams(tuning: &QuantTuning, dp4a: bool) -> u32 {
