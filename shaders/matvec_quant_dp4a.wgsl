@@ -34,6 +34,11 @@
 // Params and the bindings are in matvec_quant_io.wgsl (prepended).
 
 const NB = 1u;
+// Measurement builds only (`DRIFT_DP4A_DBG`, wrong results): 1 drops x's low term from the dot
+// products, 2 replaces the arithmetic by an xor of the loaded words, 3 the weight loads by words made
+// from the indices, 4 skips the pre-pass and its barrier and reads x's blocks from global memory (5
+// vec4 per block at the start of the weight binding).
+const DBG = {{DBG}}u;
 const R = {{R}}u;
 // Blocks per row a lane loads before using any (1, 2 or 4), and whether the first step's loads are
 // issued before the pre-pass (PF).
@@ -153,8 +158,35 @@ fn lo8(s: vec4<f32>) -> u32 {
     return pack4xI8(vec4<i32>(round((s - round(s)) * 254.0)));
 }
 
+// DBG 4: vec4 i of the 5 per x block in global memory.
+fn xg4(i: u32) -> vec4<u32> {
+#if W4
+    return w4[i];
+#else
+    return vec4<u32>(w[4u * i], w[4u * i + 1u], w[4u * i + 2u], w[4u * i + 3u]);
+#endif
+}
+
+// (dx, sum x) of x's block in slot c.
+fn x_scale(c: u32) -> vec2<f32> {
+    if DBG == 4u {
+        let v = xg4(5u * c + 4u);
+        return vec2<f32>(bitcast<f32>(v.x & 0x3FFFFFFFu), bitcast<f32>(v.y & 0x3FFFFFFFu));
+    }
+    return xd[c];
+}
+
 // The int8 words of x's block c (qh then ql).
 fn x_block(c: u32) -> array<u32, 16> {
+    if DBG == 4u {
+        let h0 = xg4(5u * c);
+        let h1 = xg4(5u * c + 1u);
+        let l0 = xg4(5u * c + 2u);
+        let l1 = xg4(5u * c + 3u);
+        return array<u32, 16>(
+            h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w, l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w,
+        );
+    }
 #if XQ4
     let h0 = xq[c];
     let h1 = xq[c + MAXB];
@@ -180,6 +212,9 @@ fn dot_block(wq: array<u32, 8>, x: array<u32, 16>) -> f32 {
         + ((dot4I8Packed(wq[4], x[4]) + dot4I8Packed(wq[5], x[5])) + (dot4I8Packed(wq[6], x[6]) + dot4I8Packed(wq[7], x[7])));
     let l = ((dot4I8Packed(wq[0], x[8]) + dot4I8Packed(wq[1], x[9])) + (dot4I8Packed(wq[2], x[10]) + dot4I8Packed(wq[3], x[11])))
         + ((dot4I8Packed(wq[4], x[12]) + dot4I8Packed(wq[5], x[13])) + (dot4I8Packed(wq[6], x[14]) + dot4I8Packed(wq[7], x[15])));
+    if DBG == 1u {
+        return f32(h);
+    }
     return fma(f32(l), 1.0 / 254.0, f32(h));
 }
 
@@ -193,6 +228,9 @@ fn nibble_words(w0: u32, w1: u32, w2: u32, w3: u32) -> array<u32, 8> {
 fn block_dot(r: Raw, x: array<u32, 16>, dx: vec2<f32>) -> f32 {
     let o = r.odd;
     let a = r.a;
+    if DBG == 2u {
+        return bitcast<f32>((a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4]) & 0x807FFFFFu);
+    }
     let q = nibble_words(at2(a[0], a[1], o), at2(a[1], a[2], o), at2(a[2], a[3], o), at2(a[3], a[4], o));
     return half0(a[0], o) * fma(dx.x, dot_block(q, x), -8.0 * dx.y);
 }
@@ -250,7 +288,7 @@ fn matvec(
 
     // 1. The input row, quantized once per workgroup (and, with NORM, its sum of squares).
     fuse_begin_row();
-    for (var c = lid; c < kb.y - kb.x; c += WG) {
+    for (var c = lid; c < kb.y - kb.x && DBG != 4u; c += WG) {
         quantize_block(c, kb.x + c);
     }
 #if NORM
@@ -259,7 +297,9 @@ fn matvec(
         sq_part[sg] = part;
     }
 #endif
-    workgroupBarrier();
+    if DBG != 4u {
+        workgroupBarrier();
+    }
     // The input's sum of squares (NORM; unused otherwise).
     var sumsq = 0.0;
 #if NORM
@@ -292,7 +332,7 @@ fn matvec(
                 // Block c itself is inside the slice (the loop's condition).
                 if u == 0u || cu < sl.y {
                     let x = x_block(cu - kb.x);
-                    let dx = xd[cu - kb.x];
+                    let dx = x_scale(cu - kb.x);
                     for (var r = 0u; r < R; r++) {
                         acc[r] += block_dot(wv[r * BU + u], x, dx);
                     }
@@ -414,7 +454,16 @@ fn load_step(wv: ptr<function, array<Raw, RBU>>, rb: ptr<function, array<u32, R>
         let cu = c + u * sgs;
         if u == 0u || cu < end {
             for (var r = 0u; r < R; r++) {
+#if Q4_0
+                if DBG == 3u {
+                    let h = (*rb)[r] ^ (cu * 2654435761u);
+                    (*wv)[r * BU + u] = Raw(array<u32, 5>(h, h >> 3u, h >> 5u, h >> 7u, h >> 9u), true);
+                } else {
+                    (*wv)[r * BU + u] = load((*rb)[r], cu);
+                }
+#else
                 (*wv)[r * BU + u] = load((*rb)[r], cu);
+#endif
             }
         }
     }

@@ -331,8 +331,8 @@ fn rows_per_team(tuning: &QuantTuning, dp4a: bool, rows: usize, k: usize) -> u32
     match tuning.rows_per_team {
         0 if dp4a => {
             let groups = rows.div_ceil(TEAMS * 4 * row_groups(tuning, true, rows) as usize);
-            // `DRIFT_DP4A_O2=1` (A/B runs): from 120 workgroups (the 8B's O: 128) where K is not
-            // split over workgroups, see [`quant_dp4a::o_unsplit`].
+            // From 120 workgroups (the 8B's O: 128) where K is not split over workgroups, see
+            // [`quant_dp4a::o_unsplit`] (`DRIFT_DP4A_O2=0`: from 133, as before it).
             let from = if quant_dp4a::o_unsplit() && k < quant_dp4a::O2_MAX_K {
                 TUNED_SMS - 12
             } else {
@@ -692,8 +692,10 @@ mod tests {
         // Llama 3 8B Q4_0: QKV (6144 rows) would be 192 workgroups of 32: 2 rows per team instead.
         assert_eq!(rows_per_team(&t, true, 6144, 4096), 2);
         assert_eq!(rows_per_workgroup(&t, true, 6144, 4096), 16);
-        // O / down (128 workgroups, split over K), gate-up (448 of 64), LM head: 4.
-        assert_eq!(rows_per_team(&t, true, 4096, 4096), 4);
+        // O (128 workgroups of 32, K unsplit): 2; down (128, split over K), gate-up (448 of 64),
+        // LM head: 4.
+        assert_eq!(rows_per_team(&t, true, 4096, 4096), 2);
+        assert_eq!(rows_per_team(&t, true, 4096, 14336), 4);
         assert_eq!(rows_per_team(&t, true, 28672, 4096), 4);
         assert_eq!(rows_per_team(&t, true, 128256, 4096), 4);
         // Asked for, and the float kernel's default.

@@ -86,11 +86,12 @@ pub(crate) fn spec(
         .define("KW", kw)
         .define("KWS", u8::from(kw > 1))
         .define("RG", row_groups(tuning.row_groups, rows))
-        .define("BU", blocks_in_flight(tuning.chunks_per_step))
-        .define("PF", u8::from(tuning.prefetch))
+        .define("BU", blocks_in_flight(tuning.chunks_per_step, rows))
+        .define("PF", u8::from(tuning.prefetch || latency_override(rows).1))
         .define("KT", kt)
         .define("KSPLIT", u8::from(kt > 1))
         .define("XQ4", u8::from(tuning.x_vec4))
+        .define("DBG", measurement_build())
 }
 
 /// Workgroups sharing each row set, for `requested` = 0 (automatic) or the number asked for, on a
@@ -114,12 +115,13 @@ pub(crate) fn k_workgroups(requested: u32, rows: usize, k: usize, opts: &MatvecO
     }
 }
 
-/// `DRIFT_DP4A_O2=1` (A/B runs, not yet measured in a model): products of rows shorter than
-/// [`O2_MAX_K`] are not split over workgroups, and those of 120-263 workgroups of 4 rows per team
-/// take 2 (the 8B's O: 4096 x 4096 ran 11.3 us standalone that way against ~13.7 split over 2
-/// workgroups, BENCHMARKS.md 2026-12-02; its down keeps its split).
+/// Products of rows shorter than [`O2_MAX_K`] are not split over workgroups, and those of 120-263
+/// workgroups of 4 rows per team take 2 (the 8B's O: 4096 x 4096 ran 11.3 us standalone that way
+/// against ~13.7 split over 2 workgroups; its down keeps its split). The 8B Q4_0 model on the H200
+/// (2026-12-02, same machine): 401.1 tok/s against 395.6 split (floor 2.498 against 2.533 ms).
+/// `DRIFT_DP4A_O2=0` restores the split (A/B runs).
 pub(crate) fn o_unsplit() -> bool {
-    std::env::var_os("DRIFT_DP4A_O2").is_some_and(|v| v == "1")
+    std::env::var_os("DRIFT_DP4A_O2").is_none_or(|v| v != "0")
 }
 
 /// Row length below which `DRIFT_DP4A_O2` applies.
@@ -135,10 +137,39 @@ pub(crate) fn k_teams(requested: u32) -> u32 {
 /// fused 8B Q4_0 model slower on the H200 (319.0 tok/s with 1 block; 254.4 with 2; 287.4 with 1 and
 /// prefetch; BENCHMARKS.md 2026-11-30 fourth session), so they are tuning options
 /// (`--filter dp4asweep`, `DRIFT_DP4A_TUNE`).
-pub(crate) fn blocks_in_flight(requested: u32) -> u32 {
+pub(crate) fn blocks_in_flight(requested: u32, rows: usize) -> u32 {
     match requested {
-        0 => 1,
+        0 => latency_override(rows).0,
         u => u.min(4),
+    }
+}
+
+/// `DRIFT_DP4A_DBG=1|2|3|4`: a measurement build with wrong results (see the shader's DBG): x's
+/// low term dropped, the arithmetic replaced by an xor of the loaded words, the weight loads by
+/// words made from the indices, or x's pre-pass by loads of blocks from global memory, so
+/// `--filter dp4alat-default` and the model's decode split a product's time between its loads, its
+/// arithmetic and its pre-pass (BENCHMARKS.md, 2026-12-02 fourteenth session). 0 (unset) is the
+/// real kernel.
+fn measurement_build() -> u32 {
+    std::env::var("DRIFT_DP4A_DBG")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|d| *d <= 4)
+        .unwrap_or(0)
+}
+
+/// `DRIFT_DP4A_LAT=BU,PF` (A/B runs): blocks in flight and the prefetch for products of fewer than
+/// 16384 rows (an 8B's QKV, O and down), where the tuning leaves them automatic. Unset: (1, false).
+/// On the H200 (2026-12-02) every setting was slower (8B Q4_0: 401.8 tok/s unset, 394.8 with 2,0,
+/// 303.1 with 4,0, 387.7 with 1,1).
+fn latency_override(rows: usize) -> (u32, bool) {
+    let Ok(v) = std::env::var("DRIFT_DP4A_LAT") else {
+        return (1, false);
+    };
+    let f: Vec<u32> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    match f[..] {
+        [bu, pf] if rows < 16384 && [1, 2, 4].contains(&bu) && pf <= 1 => (bu, pf == 1),
+        _ => (1, false),
     }
 }
 
@@ -160,7 +191,7 @@ mod tests {
     fn k_split_over_workgroups_for_long_rows_of_few_row_sets() {
         let plain = MatvecOptions::default();
         assert_eq!(k_workgroups(0, 4096, 14336, &plain), 2); // Llama 3 8B down
-        assert_eq!(k_workgroups(0, 4096, 4096, &plain), 2); // its O
+        assert_eq!(k_workgroups(0, 4096, 4096, &plain), 1); // its O: unsplit, 2 rows per team
         assert_eq!(k_workgroups(0, 2048, 2048, &plain), 1); // Llama 3.2 1B's O
         assert_eq!(k_workgroups(0, 28672, 4096, &plain), 1); // its gate-up
         assert_eq!(k_workgroups(0, 128256, 4096, &plain), 1); // its LM head

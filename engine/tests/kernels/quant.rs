@@ -112,6 +112,7 @@ fn quant_dp4a_specialisations_compile() {
                         ("TR", "f32"),
                         ("GV4", "1"),
                         ("BU", "2"),
+                        ("DBG", "0"),
                     ],
                     &["ALIGNED", "XV4", "PF", "XQ4", "KSPLIT", "KWS"],
                 ) {
@@ -150,6 +151,7 @@ fn quant_dp4a_specialisations_compile() {
                     ("BU", "1"),
                     ("PF", "0"),
                     ("XQ4", "0"),
+                    ("DBG", "0"),
                 ],
                 &["ALIGNED", "XV4", "INTERLEAVED", "KSPLIT", "KWS"],
             ) {

@@ -410,6 +410,7 @@ pub fn run_all(
             }
         }
     }
+    super::dp4a_latency::latency_cases(gpu, reps, filter, report)?;
     // Stable Diffusion 1.5 building blocks at 512x512, batch 2 (CFG).
     conv_cases(gpu, reps, filter, report)?;
     if wanted("groupnorm") {

@@ -1,5 +1,6 @@
 //! `drift bench kernels [--json]`: GPU time per kernel at realistic sizes, with GB/s and GFLOP/s.
 
+mod dp4a_latency;
 mod kernels;
 mod llm;
 mod sd;
