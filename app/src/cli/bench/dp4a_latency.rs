@@ -17,6 +17,9 @@ use super::timing::measure;
 
 const COPIES: usize = 4;
 
+/// (rows per team, row groups, workgroups per row set) of one layout.
+type Layout = (u32, u32, u32);
+
 pub fn latency_cases(
     gpu: &Gpu,
     reps: usize,
@@ -29,7 +32,7 @@ pub fn latency_cases(
     // `dp4alat-default`: each product's default layout only, as the model runs it.
     let only_default = filter.is_some_and(|f| f.contains("dp4alat-default"));
     // (label, rows, K, [(rows per team, row groups, workgroups per row set)]): the default first.
-    let shapes: [(&str, usize, usize, &[(u32, u32, u32)]); 4] = [
+    let shapes: [(&str, usize, usize, &[Layout]); 4] = [
         ("o", 4096, 4096, &[(2, 1, 1), (4, 1, 2), (1, 1, 1)]),
         ("qkv", 6144, 4096, &[(2, 1, 1), (1, 1, 1)]),
         ("down", 4096, 14336, &[(4, 1, 2), (2, 1, 2), (2, 1, 4)]),
