@@ -26,7 +26,8 @@
 //
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED, W4 (dequant.wgsl); TX / TO, F16, R (rows per team), RG,
 // KT (teams per row group) and KSPLIT (KT > 1), KW / KWS / SCR_B, XQ4 (x's layout), BU
-// (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
+// (blocks per row in flight per lane), PF (prefetch before the pre-pass), DBG (measurement builds,
+// 0 = the kernel), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
 // holds, >= K / 32).

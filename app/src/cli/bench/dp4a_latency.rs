@@ -10,7 +10,7 @@
 use anyhow::Result;
 use drift_engine::kernels::matvec::MatvecOptions;
 use drift_engine::kernels::quant::{QuantTuning, matvec_quant_tuned};
-use drift_engine::{Category, DType, Gpu};
+use drift_engine::{Category, DType, Dispatch, Gpu, Tensor};
 
 use super::Measurement;
 use super::timing::measure;
@@ -68,17 +68,7 @@ pub fn latency_cases(
                     k_workgroups: kw,
                     ..QuantTuning::default()
                 };
-                let mut ds = Vec::new();
-                for w in &ws {
-                    ds.extend(matvec_quant_tuned(
-                        gpu,
-                        w,
-                        &x,
-                        &o,
-                        &MatvecOptions::default(),
-                        tuning,
-                    )?);
-                }
+                let ds = over_copies(gpu, &ws, &x, &o, tuning)?;
                 let name = format!(
                     "dp4alat {label} {n}x{k} r{r} rg{rg} kw{kw} bu{bu} pf{}",
                     u8::from(pf)
@@ -92,4 +82,26 @@ pub fn latency_cases(
         }
     }
     Ok(())
+}
+
+/// One product per weight copy, in turn (each weight read once, as in a model's token).
+pub fn over_copies(
+    gpu: &Gpu,
+    ws: &[Tensor],
+    x: &Tensor,
+    o: &Tensor,
+    tuning: QuantTuning,
+) -> Result<Vec<Dispatch>> {
+    let mut ds = Vec::new();
+    for w in ws {
+        ds.extend(matvec_quant_tuned(
+            gpu,
+            w,
+            x,
+            o,
+            &MatvecOptions::default(),
+            tuning,
+        )?);
+    }
+    Ok(ds)
 }

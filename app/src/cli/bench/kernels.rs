@@ -200,17 +200,7 @@ pub fn run_all(
                     u8::from(pf),
                     if xq4 { " xq4" } else { "" }
                 );
-                let mut ds = Vec::new();
-                for w in &ws {
-                    ds.extend(matvec_quant_tuned(
-                        gpu,
-                        w,
-                        &x,
-                        &o,
-                        &MatvecOptions::default(),
-                        tuning,
-                    )?);
-                }
+                let ds = super::dp4a_latency::over_copies(gpu, &ws, &x, &o, tuning)?;
                 let m = bandwidth(&name, &ds)?;
                 report(Measurement {
                     time_us: m.time_us / COPIES as f64,
