@@ -322,14 +322,16 @@ fn out_value(row: u32, b: u32, r: Red) -> f32 {
     return v;
 }
 
-// out[b, row0 + row] from the team's reduced sums.
-fn write_out(row: u32, b: u32, r: Red) {
+// out[b, row0 + row] from the team's reduced sums; returns the value as stored.
+fn write_out(row: u32, b: u32, r: Red) -> f32 {
     var v = out_value(row, b, r);
     let o = b * p.ldo + p.row0 + row;
 #if RES
     v += f32(resid[tensor_base(RES_B) + o]);
 #endif
-    out[tensor_base(3u) + o] = {{TO}}(v);
+    let stored = {{TO}}(v);
+    out[tensor_base(3u) + o] = stored;
+    return f32(stored);
 }
 
 #if PAIRS
@@ -363,8 +365,15 @@ fn pair_finish(first: u32, lid: u32) {
     if lid < half {
         let gate = pair_s[lid];
         let up = pair_s[lid + half];
-        out[tensor_base(3u) + first / 2u + lid] = {{TO}}(gate / (1.0 + exp(-gate)) * up);
+        let a = {{TO}}(gate / (1.0 + exp(-gate)) * up);
+        out[tensor_base(3u) + first / 2u + lid] = a;
+#if XQO
+        xq_keep(lid, first / 2u + lid, f32(a));
+#endif
     }
+#if XQO
+    xq_finish(first / 2u, lid);
+#endif
 }
 #endif
 

@@ -26,8 +26,7 @@
 //
 // Specialisation: Q4_0 | Q4_1 | Q8_0, ALIGNED, W4 (dequant.wgsl); TX / TO, F16, R (rows per team), RG,
 // KT (teams per row group) and KSPLIT (KT > 1), KW / KWS / SCR_B, XQ4 (x's layout), BU
-// (blocks per row in flight per lane), PF (prefetch before the pre-pass), DBG (measurement builds,
-// 0 = the kernel), XV4 and
+// (blocks per row in flight per lane), PF (prefetch before the pre-pass), XV4 and
 // matvec_fuse.wgsl's BIAS, NORM, SWIGLU, RES and paired-row epilogues (PAIRS with GLU or ROPE: the
 // workgroup's RPW rows, a whole number of them in the shard); MAXB (blocks of x the workgroup memory
 // holds, >= K / 32).
@@ -37,8 +36,8 @@
 const NB = 1u;
 // Measurement builds only (`DRIFT_DP4A_DBG`, wrong results): 1 drops x's low term from the dot
 // products, 2 replaces the arithmetic by an xor of the loaded words, 3 the weight loads by words made
-// from the indices, 4 skips the pre-pass and its barrier and reads x's blocks from global memory (5
-// vec4 per block at the start of the weight binding).
+// from the indices, 4 skips the pre-pass and reads x's blocks from global memory (20 words per block
+// at the start of the weight binding, as a producer-quantized x would be read); 5 skips the product.
 const DBG = {{DBG}}u;
 const R = {{R}}u;
 // Blocks per row a lane loads before using any (1, 2 or 4), and whether the first step's loads are
@@ -168,17 +167,40 @@ fn xg4(i: u32) -> vec4<u32> {
 #endif
 }
 
-// (dx, sum x) of x's block in slot c.
-fn x_scale(c: u32) -> vec2<f32> {
+#if XQ
+// x quantized by its producer (xq_produce.wgsl's layout), bound as vec4<u32> at binding 2: vec4 i of
+// block c.
+var<private> xq_first: u32;
+
+fn xq4(c: u32, i: u32) -> vec4<u32> {
+    return xs[tensor_base(2u) / 4u + 5u * (xq_first + c) + i];
+}
+#endif
+
+// (dx, sum x, sum x^2 (XQ only)) of x's block in slot c.
+fn x_meta(c: u32) -> vec3<f32> {
+#if XQ
+    return bitcast<vec3<f32>>(xq4(c, 4u).xyz);
+#else
     if DBG == 4u {
         let v = xg4(5u * c + 4u);
-        return vec2<f32>(bitcast<f32>(v.x & 0x3FFFFFFFu), bitcast<f32>(v.y & 0x3FFFFFFFu));
+        return vec3<f32>(bitcast<f32>(v.x & 0x3FFFFFFFu), bitcast<f32>(v.y & 0x3FFFFFFFu), 0.0);
     }
-    return xd[c];
+    return vec3<f32>(xd[c], 0.0);
+#endif
 }
 
 // The int8 words of x's block c (qh then ql).
 fn x_block(c: u32) -> array<u32, 16> {
+#if XQ
+    let h0 = xq4(c, 0u);
+    let h1 = xq4(c, 1u);
+    let l0 = xq4(c, 2u);
+    let l1 = xq4(c, 3u);
+    return array<u32, 16>(
+        h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w, l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w,
+    );
+#else
     if DBG == 4u {
         let h0 = xg4(5u * c);
         let h1 = xg4(5u * c + 1u);
@@ -203,6 +225,7 @@ fn x_block(c: u32) -> array<u32, 16> {
         xq[c + 7u * m], xq[c + 8u * m], xq[c + 9u * m], xq[c + 10u * m], xq[c + 11u * m], xq[c + 12u * m],
         xq[c + 13u * m], xq[c + 14u * m], xq[c + 15u * m],
     );
+#endif
 #endif
 }
 
@@ -269,6 +292,10 @@ fn matvec(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
 ) {
+    // DBG 5: the product is skipped (its in-situ cost in the model).
+    if DBG == 5u {
+        return;
+    }
     let wgi = wid.x + wid.y * nwg.x;
     let wg_first = (wgi / KW) * RPW;
     // The workgroup's blocks [kb.x, kb.y) (all of them without KWS); xq / xd slot = block - kb.x.
@@ -287,6 +314,23 @@ fn matvec(
     }
 #endif
 
+    // The input's sum of squares (NORM; XQN: per team, from the blocks; unused otherwise).
+    var sumsq = 0.0;
+#if XQ
+    // 1. The input row arrives quantized by its producer: no pre-pass.
+    xq_first = kb.x;
+    // The pre-pass's workgroup memory stays allocated though unused (a product of no rows never
+    // runs): it sets how many workgroups share an SM, and the 8B token was 0.22 ms slower on the
+    // H200 without it (quant_dp4a.rs, consumer_blocks).
+    if MAXB > 1u && p.rows == 0u {
+#if XQ4
+        xq[lid % (4u * MAXB)] = vec4<u32>();
+#else
+        xq[lid % (16u * MAXB)] = 0u;
+#endif
+        xd[lid % MAXB] = vec2<f32>();
+    }
+#else
     // 1. The input row, quantized once per workgroup (and, with NORM, its sum of squares).
     fuse_begin_row();
     for (var c = lid; c < kb.y - kb.x && DBG != 4u; c += WG) {
@@ -301,12 +345,11 @@ fn matvec(
     if DBG != 4u {
         workgroupBarrier();
     }
-    // The input's sum of squares (NORM; unused otherwise).
-    var sumsq = 0.0;
 #if NORM
     for (var i = 0u; i < nsg; i++) {
         sumsq += sq_part[i];
     }
+#endif
 #endif
 
     // 2. Teams of R rows; lanes stride over the blocks, BU blocks per row at a time.
@@ -324,6 +367,8 @@ fn matvec(
         loaded = false;
         row_bases(&rb, wg_first, rgi);
         var acc: array<f32, R>;
+        // XQN: the squares of the team's blocks (all of the row: KT = 1, KW = 1).
+        var sq_acc = 0.0;
         for (var c = sl.x + lane; c < sl.y; c += BU * sgs) {
             if !(prefetched && c == sl.x + lane) {
                 load_step(&wv, &rb, c, sgs, sl.y);
@@ -333,13 +378,20 @@ fn matvec(
                 // Block c itself is inside the slice (the loop's condition).
                 if u == 0u || cu < sl.y {
                     let x = x_block(cu - kb.x);
-                    let dx = x_scale(cu - kb.x);
+                    let xm = x_meta(cu - kb.x);
+                    let dx = xm.xy;
+#if XQN
+                    sq_acc += xm.z;
+#endif
                     for (var r = 0u; r < R; r++) {
                         acc[r] += block_dot(wv[r * BU + u], x, dx);
                     }
                 }
             }
         }
+#if XQN
+        sumsq = subgroupAdd(sq_acc);
+#endif
         for (var r = 0u; r < R; r++) {
             let s = subgroupAdd(acc[r]);
 #if KSPLIT
@@ -399,12 +451,20 @@ fn matvec(
             }
 #if PAIRS
             pair_finish(wg_first, lid);
+#else
+#if XQO
+            xq_finish(p.row0 + wg_first, lid);
+#endif
 #endif
         }
     }
 #else
 #if PAIRS
     pair_finish(wg_first, lid);
+#else
+#if XQO
+    xq_finish(p.row0 + wg_first, lid);
+#endif
 #endif
 #endif
 }
@@ -426,12 +486,20 @@ fn finish_total(wg_first: u32, rr: u32, s: f32, sumsq: f32) {
 #if NORM
     let red = vec2<f32>(s, sumsq);
 #else
+#if XQN
+    // The producer applied the norm's weight; its 1 / rms from the blocks' squares.
+    let red = s * inverseSqrt(sumsq / f32(p.k) + p.eps);
+#else
     let red = s;
+#endif
 #endif
 #if PAIRS
     pair_keep(rr, weight_row(wg_first, rr), red);
 #else
-    write_out(wg_first + rr, 0u, red);
+    let v = write_out(wg_first + rr, 0u, red);
+#if XQO
+    xq_keep(rr, p.row0 + wg_first + rr, v);
+#endif
 #endif
 }
 

@@ -89,6 +89,16 @@ pub struct MatvecOptions<'a> {
     /// Subgroups per row (1, 2 or 4) of plain products of one activation row on subgroups of 32.
     /// `None`: `DRIFT_MATVEC_TEAMS` (default 4).
     pub teams: Option<usize>,
+    /// Integer-dot-product kernel, one activation row: x arrives already quantized in this U32
+    /// buffer (`shaders/xq_produce.wgsl`'s layout, written by the previous product's `xq_out`), so
+    /// no workgroup quantizes it first; `x` is then only checked for its shape. With `norm` the
+    /// producer applied the norm's weight and the norm tensor is not read (its eps is). See
+    /// [`crate::kernels::quant::matvec_quant`] for the shapes it needs.
+    pub xq_in: Option<&'a Tensor>,
+    /// Integer-dot-product kernel with the residual or GLU epilogue: also write the output quantized
+    /// into this U32 buffer for the next product's `xq_in`, times the gain (the next RMSNorm's
+    /// weight) where one is given.
+    pub xq_out: Option<(&'a Tensor, Option<&'a Tensor>)>,
 }
 
 /// `out = x @ w^T + bias` with `w`: `[N, K]` (f32 or f16, row-major), `x`: `[B, K]` or `[K]`,

@@ -31,6 +31,7 @@ pub mod qkv_rope;
 pub mod quant;
 pub mod quant_dp4a;
 pub mod quant_rows;
+pub mod quant_xq;
 pub mod rope;
 pub mod sample;
 pub mod softmax;

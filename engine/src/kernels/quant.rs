@@ -18,6 +18,7 @@ use crate::kernels::matvec::{
     Fusion, MatvecOptions, ROWS_PER_WORKGROUP, Stage, check_io, choose_reduction, matvec,
     matvec_cost,
 };
+use crate::kernels::quant_xq::XqPlan;
 use crate::kernels::{KernelSpec, TUNED_SMS, grid, quant_dp4a};
 use crate::tensor::{DType, Layout, RowShard, Storage, Tensor};
 use crate::{shader, shape_err};
@@ -269,6 +270,12 @@ pub fn matvec_quant_tuned(
     tuning: QuantTuning,
 ) -> Result<Vec<Dispatch>> {
     if !w.dtype.is_quantized() {
+        if opts.xq_in.is_some() || opts.xq_out.is_some() {
+            return Err(DriftError::Unsupported(
+                "producer-quantized x needs quantized weights (the integer-dot-product kernel)"
+                    .into(),
+            ));
+        }
         return matvec(gpu, w, x, out, opts);
     }
     if w.rank() != 2 {
@@ -276,6 +283,26 @@ pub fn matvec_quant_tuned(
             "matvec_quant: w must be [N, K], is {:?}",
             w.shape
         ));
+    }
+    // A residual product that writes x for the next one keeps whole 32-row blocks per workgroup:
+    // 4 rows per team, K split over 2 workgroups where the unsplit 2-row layout would apply (the 8B's
+    // O: 13.1 us standalone against 11.5 for 2 rows unsplit, but its gate-up then skips the pre-pass).
+    let mut tuning = tuning;
+    // A GLU product that writes x: 64-row workgroups (32 outputs, one block) where the rows allow.
+    if opts.xq_out.is_some() && opts.glu && tuning.row_groups == 0 && w.shape[0].is_multiple_of(64)
+    {
+        tuning.row_groups = 2;
+    }
+    if opts.xq_out.is_some() && opts.residual.is_some() && tuning.rows_per_team == 0 {
+        tuning.rows_per_team = 4;
+        let (rows, k) = (w.shape[0], w.shape[1]);
+        if tuning.k_workgroups == 0
+            && quant_dp4a::o_unsplit()
+            && (4096..quant_dp4a::O2_MAX_K).contains(&k)
+            && rows <= 8192
+        {
+            tuning.k_workgroups = 2;
+        }
     }
     // Kernels form byte offsets in u32.
     let limit = opts
@@ -452,7 +479,21 @@ pub fn matvec_quant_shards_tuned(
     };
     let caps = &gpu.caps;
     let (f16, sg) = choose_reduction(gpu, x, out, opts)?;
-    let fusion = Fusion::new(gpu, opts, out)?;
+    // With x quantized by its producer the norm's weight is already applied: only its eps is used.
+    let fusion = if opts.xq_in.is_some() {
+        let mut f = Fusion::new(
+            gpu,
+            &MatvecOptions {
+                norm: None,
+                ..*opts
+            },
+            out,
+        )?;
+        f.eps = opts.norm.map_or(0.0, |(_, eps)| eps);
+        f
+    } else {
+        Fusion::new(gpu, opts, out)?
+    };
     // TEAMS subgroups where the size allows, else fewer subgroups looping over the teams.
     let wg = if sg {
         (TEAMS as u32 * caps.subgroup_max_size)
@@ -474,6 +515,21 @@ pub fn matvec_quant_shards_tuned(
             shards.len()
         ));
     }
+    let xq = if opts.xq_in.is_some() || opts.xq_out.is_some() {
+        Some(XqPlan::new(
+            opts,
+            dp4a,
+            batch,
+            shards.len(),
+            n,
+            k,
+            rows_per_group,
+            k_teams(&tuning, dp4a),
+            quant_dp4a::k_workgroups(tuning.k_workgroups, n, k, opts),
+        )?)
+    } else {
+        None
+    };
     // The workgroup-memory reduction's tree (f32 per invocation and row when staged: one batch row).
     let tree_bytes = if sg { 0 } else { wg * 4 * r as u32 };
     // Lanes read x in chunks of 32 elements: 8 vec4s.
@@ -524,9 +580,24 @@ pub fn matvec_quant_shards_tuned(
         } else {
             1
         };
+        let mut fusion_tensors = fusion.tensors.clone();
+        let mut xq_defines = Vec::new();
+        if let Some(plan) = &xq {
+            let sg32 = caps.subgroup_min_size == 32 && caps.subgroup_max_size == 32;
+            xq_defines = plan.defines(opts, 4 + fusion_tensors.len(), sg32 && sg, kw);
+            fusion_tensors.extend(plan.tensors(opts));
+        }
         let spec = if dp4a {
-            quant_dp4a::spec(format!("{name}{red}_dp4a"), k, n, &tuning, kw)
-                .define("SCR_B", 4 + fusion.tensors.len())
+            quant_dp4a::spec(
+                format!("{name}{red}_dp4a{}", xq.as_ref().map_or("", XqPlan::suffix)),
+                k,
+                n,
+                &tuning,
+                kw,
+                opts.xq_in.is_some(),
+            )
+            .define("SCR_B", 4 + fusion_tensors.len())
+            .defines(xq_defines)
         } else {
             KernelSpec::new(
                 format!("{name}{}{red}", stage.suffix()),
@@ -539,7 +610,14 @@ pub fn matvec_quant_shards_tuned(
             .define(type_define(dtype), 1)
             .define("ALIGNED", u8::from(aligned))
             .define("W4", u8::from(w4))
-            .define("TX", x.dtype.wgsl())
+            .define(
+                "TX",
+                if opts.xq_in.is_some() {
+                    "u32"
+                } else {
+                    x.dtype.wgsl()
+                },
+            )
             .define("TO", out.dtype.wgsl())
             .define("F16", u8::from(f16))
             .define("NB", batch)
@@ -547,7 +625,7 @@ pub fn matvec_quant_shards_tuned(
             .define("U", u)
             .define("UREM", u8::from(u > 1))
             .define("WG", wg)
-            .define("XV4", u8::from(xvec))
+            .define("XV4", u8::from(xvec || opts.xq_in.is_some()))
             .define("SG", u8::from(sg))
             .define("MIN", u8::from(has_min(dtype)))
             .defines(fusion.defines.clone());
@@ -568,8 +646,8 @@ pub fn matvec_quant_shards_tuned(
         .into_iter()
         .chain(fusion.rope_params)
         .collect::<Vec<_>>();
-        let mut tensors = vec![&wv, x, out];
-        tensors.extend(&fusion.tensors);
+        let mut tensors = vec![&wv, opts.xq_in.unwrap_or(x), out];
+        tensors.extend(&fusion_tensors);
         let scratch;
         if kw > 1 {
             // Zero counts (the kernel leaves them zero), the partial sums and the slices' sums of

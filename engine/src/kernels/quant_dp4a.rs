@@ -46,6 +46,7 @@ pub const SOURCE: &str = concat!(
     crate::shader!("dequant.wgsl"),
     crate::shader!("matvec_fuse.wgsl"),
     crate::shader!("rope_angle.wgsl"),
+    crate::shader!("xq_produce.wgsl"),
 );
 
 /// Row groups per workgroup for `row_groups` = 0 (automatic), for a product of `rows` rows: the
@@ -72,6 +73,7 @@ pub(crate) fn spec(
     rows: usize,
     tuning: &QuantTuning,
     kw: u32,
+    xq_in: bool,
 ) -> KernelSpec {
     let kt = k_teams(tuning.k_teams);
     let name = if kw > 1 {
@@ -81,8 +83,14 @@ pub(crate) fn spec(
     };
     // A workgroup quantizes its slice of x: K / kw elements (rounded up to whole blocks).
     let slice = (k / 32).div_ceil(kw as usize) * 32;
+    let dbg = measurement_build(rows, k);
+    let maxb = if xq_in {
+        consumer_blocks(slice)
+    } else {
+        max_blocks(slice)
+    };
     KernelSpec::new(name, SOURCE, "matvec")
-        .define("MAXB", max_blocks(slice))
+        .define("MAXB", maxb)
         .define("KW", kw)
         .define("KWS", u8::from(kw > 1))
         .define("RG", row_groups(tuning.row_groups, rows))
@@ -91,7 +99,21 @@ pub(crate) fn spec(
         .define("KT", kt)
         .define("KSPLIT", u8::from(kt > 1))
         .define("XQ4", u8::from(tuning.x_vec4))
-        .define("DBG", measurement_build())
+        .define("DBG", dbg)
+}
+
+/// Blocks of workgroup memory a product reading producer-quantized x keeps allocated, unused
+/// (its input needs none): as many as the pre-pass would use, for `slice` elements per workgroup.
+/// The allocation sets how many workgroups share an SM: on the H200 the 8B Q4_0 token's floor was
+/// 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB) and 2.68 with twice that
+/// (BENCHMARKS.md, 2026-12-02 fifteenth session). `DRIFT_DP4A_XQ_SMEM=PCT` sets it to PCT percent
+/// of that (timing runs).
+fn consumer_blocks(slice: usize) -> u32 {
+    let full = max_blocks(slice);
+    std::env::var("DRIFT_DP4A_XQ_SMEM")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map_or(full, |pct| (full * pct.min(100) / 100).max(1))
 }
 
 /// Workgroups sharing each row set, for `requested` = 0 (automatic) or the number asked for, on a
@@ -146,22 +168,25 @@ pub(crate) fn blocks_in_flight(requested: u32, rows: usize) -> u32 {
 
 /// `DRIFT_DP4A_DBG=1|2|3|4`: a measurement build with wrong results (see the shader's DBG): x's
 /// low term dropped, the arithmetic replaced by an xor of the loaded words, the weight loads by
-/// words made from the indices, or x's pre-pass by loads of blocks from global memory, so
-/// `--filter dp4alat-default` and the model's decode split a product's time between its loads, its
-/// arithmetic and its pre-pass (BENCHMARKS.md, 2026-12-02 fourteenth session). 0 (unset) is the
-/// real kernel.
-fn measurement_build() -> u32 {
-    std::env::var("DRIFT_DP4A_DBG")
+/// words made from the indices, or x's pre-pass by loads of blocks from global memory, so `--filter dp4alat` splits a product's time between its loads and
+/// its arithmetic. 0 (unset) is the real kernel.
+/// `DRIFT_DP4A_DBG_SHAPES=ROWSxK,...` limits it to products of those shapes (e.g. `6144x4096` for
+/// the 8B's QKV, `128256x4096` for its LM head).
+fn measurement_build(rows: usize, k: usize) -> u32 {
+    let build = std::env::var("DRIFT_DP4A_DBG")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .filter(|d| *d <= 4)
-        .unwrap_or(0)
+        .filter(|d| *d <= 5)
+        .unwrap_or(0);
+    match std::env::var("DRIFT_DP4A_DBG_SHAPES") {
+        Ok(list) if !list.split(',').any(|s| s.trim() == format!("{rows}x{k}")) => 0,
+        _ => build,
+    }
 }
 
 /// `DRIFT_DP4A_LAT=BU,PF` (A/B runs): blocks in flight and the prefetch for products of fewer than
-/// 16384 rows (an 8B's QKV, O and down), where the tuning leaves them automatic. Unset: (1, false).
-/// On the H200 (2026-12-02) every setting was slower (8B Q4_0: 401.8 tok/s unset, 394.8 with 2,0,
-/// 303.1 with 4,0, 387.7 with 1,1).
+/// 16384 rows (an 8B's QKV, O and down, whose time is a chain of memory round trips rather than
+/// bandwidth), where the tuning leaves them automatic. Unset: (1, false).
 fn latency_override(rows: usize) -> (u32, bool) {
     let Ok(v) = std::env::var("DRIFT_DP4A_LAT") else {
         return (1, false);

@@ -32,6 +32,7 @@ use crate::kernels::matvec::MatvecOptions;
 use crate::kernels::norm::{add_rmsnorm, add_rmsnorm_partials, rmsnorm};
 use crate::kernels::qkv_rope::{QkvRope, QkvTargets, qkv_rope};
 use crate::kernels::quant::{dequantize, matvec_quant, paired_epilogue_fits};
+use crate::kernels::quant_xq::xq_words;
 use crate::kernels::sample::argmax;
 use crate::kernels::softmax::RowVariant;
 use crate::memory::Category;
@@ -63,6 +64,9 @@ struct Activations {
     attn: Tensor,
     gu: Tensor,
     unfused: Option<Unfused>,
+    /// Fused decode: x (the residual stream) and the GLU activation quantized by their producers
+    /// for the next product ([`crate::kernels::quant_xq`]).
+    xq: Option<(Tensor, Tensor)>,
 }
 
 /// The intermediates only the unfused stage has.
@@ -81,6 +85,8 @@ struct Fuse<'a> {
     residual: Option<&'a Tensor>,
     glu: bool,
     rope: Option<QkvTargets<'a>>,
+    xq_in: Option<&'a Tensor>,
+    xq_out: Option<(&'a Tensor, Option<&'a Tensor>)>,
 }
 
 impl<'a> Fuse<'a> {
@@ -101,6 +107,8 @@ impl<'a> Fuse<'a> {
             residual,
             glu: self.glu,
             rope: self.rope,
+            xq_in: self.xq_in,
+            xq_out: self.xq_out,
             ..Default::default()
         }
     }
@@ -135,6 +143,14 @@ impl Activations {
             attn: a("attn", &[1, t, hq, d], io)?,
             gu: a("gu", &[t, 2 * i], io)?,
             unfused,
+            xq: if fused && t == 1 {
+                Some((
+                    a("xq x", &[xq_words(h)], DType::U32)?,
+                    a("xq act", &[xq_words(i)], DType::U32)?,
+                ))
+            } else {
+                None
+            },
         })
     }
 }
@@ -372,6 +388,11 @@ impl LlamaModel {
             if let [part] = &w.parts[..] {
                 return matvec_quant(gpu, part, x, out, &fuse.options(b, fuse.residual));
             }
+            if fuse.xq_in.is_some() || fuse.xq_out.is_some() {
+                return Err(DriftError::Unsupported(
+                    "producer-quantized x over several weight parts".into(),
+                ));
+            }
             // One row: each part writes its slice of the output row.
             let mut d = Vec::new();
             let mut off = 0;
@@ -496,6 +517,7 @@ impl LlamaModel {
         ids: &Tensor,
         t: usize,
         attention_opts: AttentionOptions,
+        xq: bool,
     ) -> Result<Vec<Dispatch>> {
         let c = &self.cfg;
         let eps = c.rms_eps as f32;
@@ -510,10 +532,19 @@ impl LlamaModel {
                 RowVariant::Auto,
             )?);
         }
+        // x quantized by its producers (fused decode): the residual stream after O (unless
+        // `DRIFT_DP4A_XQ=noo`) and after down, the GLU activation.
+        let xq = a.xq.as_ref().filter(|_| xq && a.unfused.is_none());
+        let o_makes_xq =
+            xq.is_some() && std::env::var_os("DRIFT_DP4A_XQ").is_none_or(|v| v != "noo");
+        // `DRIFT_DP4A_XQ=consumers` (timing only, wrong results): the consumers read x's blocks,
+        // nobody writes them.
+        let produce = std::env::var_os("DRIFT_DP4A_XQ").is_none_or(|v| v != "consumers");
         for (l, lw) in self.w.layers.iter().enumerate() {
             let (k, v) = &self.kv[l];
             let norm = Fuse {
                 norm: Some((&lw.attn_norm, eps)),
+                xq_in: xq.filter(|_| l > 0).map(|(x, _)| x),
                 ..Default::default()
             };
             // q, k and v straight from the QKV product into the attention layouts, or through qkv.
@@ -565,7 +596,14 @@ impl LlamaModel {
                     residual: Some(&a.x),
                     ..Default::default()
                 };
-                d.extend(self.linear_fused(gpu, &attn2, &lw.wo, &a.x, residual)?);
+                let o_xq = xq.filter(|_| o_makes_xq);
+                let o = Fuse {
+                    xq_out: o_xq
+                        .filter(|_| produce)
+                        .map(|(x, _)| (x, Some(&lw.ffn_norm))),
+                    ..residual
+                };
+                d.extend(self.linear_fused(gpu, &attn2, &lw.wo, &a.x, o)?);
                 let norm = Fuse {
                     norm: Some((&lw.ffn_norm, eps)),
                     ..Default::default()
@@ -574,10 +612,32 @@ impl LlamaModel {
                     // act = silu(gate) * up straight out of the gate-up product (into gu's first
                     // half), so the down product has no prologue to stage.
                     let act = a.gu.view(0, &[t, c.intermediate])?;
-                    let glu = Fuse { glu: true, ..norm };
+                    let glu = Fuse {
+                        glu: true,
+                        xq_in: o_xq.map(|(x, _)| x),
+                        xq_out: xq.filter(|_| produce).map(|(_, act)| (act, None)),
+                        ..norm
+                    };
                     d.extend(self.linear_fused(gpu, &a.x, &lw.gate_up, &act, glu)?);
-                    d.extend(self.linear_fused(gpu, &act, &lw.down, &a.x, residual)?);
+                    // The next layer's QKV (the LM head after the last) reads x quantized under
+                    // its norm's weight.
+                    let next_norm = self
+                        .w
+                        .layers
+                        .get(l + 1)
+                        .map_or(&self.w.norm, |n| &n.attn_norm);
+                    let down = Fuse {
+                        xq_in: xq.map(|(_, act)| act),
+                        xq_out: xq.filter(|_| produce).map(|(x, _)| (x, Some(next_norm))),
+                        ..residual
+                    };
+                    d.extend(self.linear_fused(gpu, &act, &lw.down, &a.x, down)?);
                     continue;
+                }
+                if xq.is_some() {
+                    return Err(DriftError::Unsupported(
+                        "producer-quantized x without the GLU epilogue".into(),
+                    ));
                 }
                 d.extend(self.linear_fused(gpu, &a.x, &lw.gate_up, &a.gu, norm)?);
                 let swiglu = Fuse {
@@ -635,6 +695,18 @@ impl LlamaModel {
         rows: std::ops::Range<usize>,
         out: &Tensor,
     ) -> Result<Vec<Dispatch>> {
+        self.head_fused(gpu, a, rows, out, None)
+    }
+
+    /// [`Self::head`], reading x quantized by the last down product from `xq_in` where given.
+    fn head_fused(
+        &self,
+        gpu: &Gpu,
+        a: &Activations,
+        rows: std::ops::Range<usize>,
+        out: &Tensor,
+        xq_in: Option<&Tensor>,
+    ) -> Result<Vec<Dispatch>> {
         match &a.unfused {
             Some(u) => self.linear(gpu, &u.xn.rows(rows.start, rows.end)?, &self.w.lm_head, out),
             None => self.linear_fused(
@@ -644,6 +716,7 @@ impl LlamaModel {
                 out,
                 Fuse {
                     norm: Some((&self.w.norm, self.cfg.rms_eps as f32)),
+                    xq_in,
                     ..Default::default()
                 },
             ),
@@ -657,8 +730,30 @@ impl LlamaModel {
         // The input id is read through the step-independent view ids[0..1]; `run_decode` copies the id
         // into place (the argmax writes it there directly when greedy).
         let ids = self.ids.view(0, &[1])?;
-        p.extend(self.layers(gpu, a, &ids, 1, attention_opts)?);
-        p.extend(self.head(gpu, a, 0..1, &self.logits)?);
+        // x quantized by its producers where every product of the layers can take it (integer-dot-
+        // product weights in one part each); else, or with `DRIFT_DP4A_XQ=0`, each product
+        // quantizes its own input.
+        let xq_wanted = std::env::var_os("DRIFT_DP4A_XQ").is_none_or(|v| v != "0");
+        let (layers, xq) = match self.layers(gpu, a, &ids, 1, attention_opts, xq_wanted) {
+            Ok(d) => (d, xq_wanted),
+            Err(e) if xq_wanted => {
+                log::debug!("decode without producer-quantized x: {e}");
+                (self.layers(gpu, a, &ids, 1, attention_opts, false)?, false)
+            }
+            Err(e) => return Err(e),
+        };
+        p.extend(layers);
+        // The last down product leaves x quantized under the final norm's weight for the LM head
+        // where it can take it (else it quantizes its own input).
+        let head_xq = a.xq.as_ref().filter(|_| xq).map(|(x, _)| x);
+        let head = match self.head_fused(gpu, a, 0..1, &self.logits, head_xq) {
+            Err(e) if head_xq.is_some() => {
+                log::debug!("LM head without producer-quantized x: {e}");
+                self.head(gpu, a, 0..1, &self.logits)?
+            }
+            r => r?,
+        };
+        p.extend(head);
         Ok(p)
     }
 
@@ -737,7 +832,7 @@ impl LlamaModel {
         let a = Activations::new(gpu, &self.cfg, t, io, self.fused(t))?;
         let ids = self.ids.view(0, &[t])?;
         let mut p = Program::new();
-        p.extend(self.layers(gpu, &a, &ids, t, AttentionOptions::default())?);
+        p.extend(self.layers(gpu, &a, &ids, t, AttentionOptions::default(), false)?);
         let logits = if all_logits {
             let l = gpu.tensor(
                 "prefill logits",

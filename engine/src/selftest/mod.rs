@@ -14,6 +14,7 @@ pub mod matvec;
 pub mod norm;
 pub mod qkv_rope;
 pub mod quant;
+pub mod quant_xq;
 pub mod rope;
 pub mod sample;
 pub mod softmax;
@@ -160,7 +161,7 @@ pub fn run_all(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
 }
 
 /// The names of the check families, in the order [`run_all`] runs them.
-pub const FAMILIES: [&str; 14] = [
+pub const FAMILIES: [&str; 15] = [
     "elementwise",
     "matmul",
     "matvec",
@@ -173,6 +174,7 @@ pub const FAMILIES: [&str; 14] = [
     "embedding",
     "layout",
     "quant",
+    "quant_xq",
     "sample",
     "grid_sync",
 ];
@@ -180,7 +182,7 @@ pub const FAMILIES: [&str; 14] = [
 /// The checks of one family (`only`, a name from [`FAMILIES`]) or of all.
 pub fn run_families(gpu: &Gpu, rng: &mut Rng, only: Option<&str>) -> Result<Vec<Check>> {
     type Family = fn(&Gpu, &mut Rng) -> Result<Vec<Check>>;
-    let families: [Family; 14] = [
+    let families: [Family; 15] = [
         elementwise::checks,
         matmul::checks,
         matvec::checks,
@@ -193,6 +195,7 @@ pub fn run_families(gpu: &Gpu, rng: &mut Rng, only: Option<&str>) -> Result<Vec<
         embedding::checks,
         layout::checks,
         quant::checks,
+        quant_xq::checks,
         sample::checks,
         grid_sync::checks,
     ];

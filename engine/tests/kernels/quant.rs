@@ -8,10 +8,17 @@ use crate::common::{gpu, run_checks};
 use drift_engine::DType;
 use drift_engine::reference::quant as r;
 use drift_engine::selftest::quant::{self, Fixture};
+use drift_engine::selftest::quant_xq;
 
 #[test]
 fn quant_matches_reference() {
     run_checks(quant::checks);
+}
+
+/// x quantized by its producer gives the consumer what its own pre-pass would.
+#[test]
+fn producer_quantized_x_matches_the_pre_pass() {
+    run_checks(quant_xq::checks);
 }
 
 fn fixture_dir() -> PathBuf {
@@ -170,6 +177,55 @@ fn quant_dp4a_specialisations_compile() {
         }
     }
     assert_eq!(n, 3 * 2 * 3 * 64 + 3 * (32 + 16));
+    // x quantized by its producer: read (under the norm or not: XQN), written by the residual
+    // epilogue (K split or not) or the GLU one, in registers on subgroups of 32 (XQL) or through
+    // workgroup memory, with the next norm's weight (XQG) or without.
+    let mut m = 0;
+    for block in ["Q4_0", "Q4_1", "Q8_0"] {
+        for glu in [true, false] {
+            for mut d in combos(
+                &[
+                    (block, "1"),
+                    ("TX", "u32"),
+                    ("TO", "f32"),
+                    ("F16", "1"),
+                    ("R", "4"),
+                    ("RG", "2"),
+                    ("MAXB", "1"),
+                    ("BU", "1"),
+                    ("PF", "0"),
+                    ("XQ4", "0"),
+                    ("DBG", "0"),
+                    ("XV4", "1"),
+                    ("KT", "1"),
+                    ("KSPLIT", "0"),
+                    ("NORM", "0"),
+                    ("SWIGLU", "0"),
+                    ("BIAS", "0"),
+                    ("ROPE", "0"),
+                    ("GLU", if glu { "1" } else { "0" }),
+                    ("PAIRS", if glu { "1" } else { "0" }),
+                    ("RES", if glu { "0" } else { "1" }),
+                    ("RES_B", "4"),
+                    ("TR", "f32"),
+                    ("XQO", "1"),
+                    ("XQO_B", "5"),
+                    ("XQW", "1"),
+                    ("XQG_B", "6"),
+                    ("TQG", "f32"),
+                    ("XQ_VALS", "32"),
+                    ("SCR_B", "7"),
+                ],
+                &["ALIGNED", "KWS", "XQ", "XQN", "XQL", "XQG"],
+            ) {
+                let kws = d.iter().any(|(k, v)| *k == "KWS" && v == "1");
+                d.push(("KW", if kws { "2" } else { "1" }.into()));
+                to_spirv("matvec_quant_dp4a xq", src, &d);
+                m += 1;
+            }
+        }
+    }
+    assert_eq!(m, 3 * 2 * 64);
 }
 
 /// The dp4a kernel's teams per row group for a define set: 4 where KSPLIT is on, else 1.
