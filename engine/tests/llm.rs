@@ -514,6 +514,67 @@ fn fused_decode_matches_unfused() {
     }
 }
 
+/// Quantized weights: the fused decode step reads x quantized by its producers (O, gate-up and
+/// down write it; QKV past the first layer, gate-up, down and the LM head read it with no pre-pass)
+/// and gives the unfused step's logits, where every product quantizes its own input.
+#[test]
+fn quantized_fused_decode_reads_producer_quantized_x() {
+    let gpu = gpu();
+    for scheme in [QuantScheme::Q4_0, QuantScheme::Q8_0] {
+        let (f, r) = fixture("llama-gqa");
+        let w = LlamaWeights::load(gpu, &f.config, &f.weights, scheme).unwrap();
+        let mut m = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
+        let prompt = ids(&r["prompt_ids"]);
+        let t = prompt.len();
+        m.write_ids(gpu, &prompt).unwrap();
+        m.set_step(gpu, t, 0).unwrap();
+        m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+        let step = |m: &mut LlamaModel, fused: bool| {
+            m.set_decode_fusion(gpu, fused).unwrap();
+            m.write_ids(gpu, &[prompt[1]]).unwrap();
+            m.set_step(gpu, t + 1, t).unwrap();
+            gpu.poison(&m.logits).unwrap();
+            m.decode_program(t + 1).run(gpu).unwrap();
+            gpu.read_f32(&m.logits).unwrap()
+        };
+        let fused = step(&mut m, true);
+        // Kernel names: `_dp4a_xq` reads x's blocks, `_xqo` writes them (`_dp4a_xq_xqo` both).
+        let count = |m: &LlamaModel, pick: fn(&str) -> bool| {
+            m.decode_program(t + 1)
+                .dispatches
+                .iter()
+                .filter(|d| pick(&d.name))
+                .count()
+        };
+        let reads = |n: &str| n.contains("_dp4a_xq") && !n.contains("_dp4a_xqo");
+        let writes = |n: &str| n.contains("_xqo");
+        let layers = m.cfg.n_layers;
+        // Readers: QKV of layers 1.., gate-up and down of every layer, the LM head.
+        assert_eq!(count(&m, reads), 3 * layers, "{scheme:?} readers");
+        // Writers: O, gate-up and down of every layer.
+        assert_eq!(count(&m, writes), 3 * layers, "{scheme:?} writers");
+        let unfused = step(&mut m, false);
+        assert_eq!(count(&m, |n| n.contains("_xq")), 0, "{scheme:?} unfused");
+        // Both quantize x to two int8 terms per block of 32 (~15 bits) and accumulate in f32; the
+        // unfused step also rounds the normed input and the GLU output to f16 (~1e-3 relative).
+        let (atol, rtol) = if gpu.caps.f16 {
+            (0.05, 5e-3)
+        } else {
+            (2e-3, 1e-4)
+        };
+        let want: Vec<f64> = unfused.iter().map(|&v| v as f64).collect();
+        let c = drift_engine::selftest::compare(
+            format!("{scheme:?} fused (producer-quantized x) vs unfused decode logits"),
+            &fused,
+            &want,
+            atol,
+            rtol,
+        );
+        println!("{c}");
+        assert!(c.passed, "{c}");
+    }
+}
+
 /// The one-dispatch decode step (grid barriers between the phases) against the multi-dispatch
 /// program, on grids of one, two and 132 workgroups (one always runs; wider grids where the device
 /// runs them concurrently, as a GPU does and lavapipe at times; where it does not, the model falls
