@@ -50,6 +50,8 @@ const LG: u32 = {{LG}}u;
 const KGL: u32 = S / LG;
 const NEG: f32 = -1.0e30;
 const CH: u32 = {{CH}}u;
+// Measurement builds only (`DRIFT_ATTENTION_SKIP=1`, wrong results): the kernel returns at once.
+const SKIP: u32 = {{SKIP}}u;
 
 #if CHUNKS
 // The rows' arrival counts (row g at g, zero between dispatches), then the shares: (row g, chunk
@@ -103,6 +105,9 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_id) sg: u32,
 ) {
+    if SKIP == 1u {
+        return;
+    }
     let wg = wid.x + wid.y * nwg.x;
     let g = wg / CH;
     let ch = wg % CH;

@@ -321,7 +321,7 @@ fn matvec(
     xq_first = kb.x;
     // The pre-pass's workgroup memory stays allocated though unused (a product of no rows never
     // runs): it sets how many workgroups share an SM, and the 8B token was 0.22 ms slower on the
-    // H200 without it (quant_dp4a.rs, consumer_blocks).
+    // H200 without it (quant_dp4a.rs, workgroup_blocks).
     if MAXB > 1u && p.rows == 0u {
 #if XQ4
         xq[lid % (4u * MAXB)] = vec4<u32>();

@@ -595,6 +595,7 @@ pub fn matvec_quant_shards_tuned(
                 &tuning,
                 kw,
                 opts.xq_in.is_some(),
+                caps.max_workgroup_storage,
             )
             .define("SCR_B", 4 + fusion_tensors.len())
             .defines(xq_defines)

@@ -74,6 +74,7 @@ pub(crate) fn spec(
     tuning: &QuantTuning,
     kw: u32,
     xq_in: bool,
+    smem_limit: u32,
 ) -> KernelSpec {
     let kt = k_teams(tuning.k_teams);
     let name = if kw > 1 {
@@ -84,11 +85,7 @@ pub(crate) fn spec(
     // A workgroup quantizes its slice of x: K / kw elements (rounded up to whole blocks).
     let slice = (k / 32).div_ceil(kw as usize) * 32;
     let dbg = measurement_build(rows, k);
-    let maxb = if xq_in {
-        consumer_blocks(slice)
-    } else {
-        max_blocks(slice)
-    };
+    let maxb = workgroup_blocks(slice, rows, k, xq_in, smem_limit);
     KernelSpec::new(name, SOURCE, "matvec")
         .define("MAXB", maxb)
         .define("KW", kw)
@@ -102,18 +99,44 @@ pub(crate) fn spec(
         .define("DBG", dbg)
 }
 
-/// Blocks of workgroup memory a product reading producer-quantized x keeps allocated, unused
-/// (its input needs none): as many as the pre-pass would use, for `slice` elements per workgroup.
-/// The allocation sets how many workgroups share an SM: on the H200 the 8B Q4_0 token's floor was
-/// 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB) and 2.68 with twice that
-/// (BENCHMARKS.md, 2026-12-02 fifteenth session). `DRIFT_DP4A_XQ_SMEM=PCT` sets it to PCT percent
-/// of that (timing runs).
-fn consumer_blocks(slice: usize) -> u32 {
-    let full = max_blocks(slice);
-    std::env::var("DRIFT_DP4A_XQ_SMEM")
+/// Blocks of x the workgroup memory is sized for, for `slice` elements per workgroup of a product of
+/// `rows` x `k` (`limit`: the device's workgroup memory in bytes). The pre-pass needs
+/// [`max_blocks`]; a product reading producer-quantized x needs none but keeps as many allocated,
+/// unused: the allocation sets how many workgroups share an SM, and on the H200 the 8B Q4_0 token's
+/// floor was 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB) and 2.68 with twice that
+/// (BENCHMARKS.md, 2026-12-02 fifteenth session). `DRIFT_DP4A_SMEM` (timing runs) scales it:
+/// `PCT` for every product or `ROWSxK=PCT,...` for some, in percent of the pre-pass's (below 100
+/// only where x is producer-quantized).
+fn workgroup_blocks(slice: usize, rows: usize, k: usize, xq_in: bool, limit: u32) -> u32 {
+    let pct = std::env::var("DRIFT_DP4A_SMEM")
         .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .map_or(full, |pct| (full * pct.min(100) / 100).max(1))
+        .and_then(|v| smem_percent(&v, rows, k));
+    blocks_at_percent(max_blocks(slice), pct.unwrap_or(100), xq_in, limit)
+}
+
+/// `pct` percent of the pre-pass's `full` blocks, within `limit` bytes of workgroup memory, and never
+/// fewer than the pre-pass needs where it runs (`xq_in` false).
+fn blocks_at_percent(full: u32, pct: u32, xq_in: bool, limit: u32) -> u32 {
+    let want = (full * pct / 100).max(1);
+    // Room for the kernel's other workgroup arrays (partial sums, paired rows).
+    let cap = limit.saturating_sub(WG * 4 + 4096) / 72;
+    if xq_in {
+        want.min(cap).max(1)
+    } else {
+        want.min(cap).max(full)
+    }
+}
+
+/// The percent a `DRIFT_DP4A_SMEM` value (`PCT`, or `ROWSxK=PCT,...`) gives a product of `rows` x
+/// `k`, if any.
+fn smem_percent(v: &str, rows: usize, k: usize) -> Option<u32> {
+    let shape = format!("{rows}x{k}");
+    v.split(',')
+        .find_map(|item| match item.trim().split_once('=') {
+            Some((s, pct)) if s.trim() == shape => pct.trim().parse().ok(),
+            Some(_) => None,
+            None => item.trim().parse().ok(),
+        })
 }
 
 /// Workgroups sharing each row set, for `requested` = 0 (automatic) or the number asked for, on a
@@ -210,6 +233,24 @@ mod tests {
         assert!(smem_bytes(8192) <= 32 * 1024);
         assert_eq!(max_blocks(576), 64);
         assert_eq!(max_blocks(4096), 128);
+    }
+
+    #[test]
+    fn workgroup_memory_scales_only_where_x_arrives_quantized() {
+        assert_eq!(smem_percent("50", 28672, 4096), Some(50));
+        assert_eq!(
+            smem_percent("6144x4096=75,28672x4096=25", 28672, 4096),
+            Some(25)
+        );
+        assert_eq!(smem_percent("6144x4096=75", 28672, 4096), None);
+        let h200 = 48 * 1024;
+        assert_eq!(blocks_at_percent(128, 100, true, h200), 128);
+        assert_eq!(blocks_at_percent(128, 50, true, h200), 64);
+        assert_eq!(blocks_at_percent(128, 0, true, h200), 1);
+        // The pre-pass keeps what it needs; padding stops at the device's workgroup memory.
+        assert_eq!(blocks_at_percent(128, 50, false, h200), 128);
+        assert_eq!(blocks_at_percent(128, 150, false, h200), 192);
+        assert_eq!(blocks_at_percent(224, 400, false, h200), 611);
     }
 
     #[test]
