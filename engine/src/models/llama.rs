@@ -304,6 +304,13 @@ impl LlamaModel {
         self.build_decode_programs(gpu)
     }
 
+    /// Rebuilds the decode programs as they are (the one-dispatch step kept), their kernels
+    /// specialised anew: for timing sweeps of the switches kernels read from the environment when
+    /// they are built.
+    pub fn rebuild_decode_programs(&mut self, gpu: &Gpu) -> Result<()> {
+        self.build_decode_programs(gpu)
+    }
+
     /// Rebuilds the decode programs with the one-pass attention up to KV length `n` (0: never; where
     /// the device cannot run it, never either). `DRIFT_ATTENTION_ROW_MAX` sets it at load. A comparison
     /// of the multi-dispatch programs: the one-dispatch step is dropped.

@@ -16,6 +16,7 @@ use drift_engine::tokenize::TextTokenizer;
 use drift_engine::{Category, DType, Gpu, Program};
 use serde::Serialize;
 
+use super::llm_sweep::SweepPoint;
 use super::timing::time_sequence;
 
 #[derive(clap::Args)]
@@ -38,6 +39,11 @@ pub struct LlmBenchArgs {
     /// Store the weights as q8_0, q4_0 or mixed-8-4 (ML Drift's 8-bit attention, 4-bit feed-forward).
     #[arg(long, default_value = "none")]
     pub quant: String,
+    /// After the measurements, the decode floor under each `;`-separated set of `VAR=VALUE`
+    /// environment variables (measurement and tuning switches), rebuilding the decode programs
+    /// over the same weights.
+    #[arg(long)]
+    pub sweep: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -81,6 +87,8 @@ pub struct LlmBench {
     pub top_decode_kernels: Vec<(String, f64)>,
     /// Kernels of the prompt's prefill under the profiler: (name, calls, GPU microseconds).
     pub top_prefill_kernels: Vec<(String, usize, f64)>,
+    /// `--sweep`'s points.
+    pub sweep: Vec<SweepPoint>,
 }
 
 pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
@@ -197,19 +205,7 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let g = runs.swap_remove(1);
 
     // One decode step under the profiler: GPU time per token and where it goes.
-    let m = &s.model;
-    m.set_step(gpu, prompt.len() + 1, prompt.len())?;
-    let mut step = Program::new();
-    step.extend(
-        m.decode_program(prompt.len() + 1)
-            .dispatches
-            .iter()
-            .cloned(),
-    );
-    // The model's greedy selection moves the step state on after each step; repeated here (the floors
-    // below run up to 32 steps in one buffer) it would walk past the cache, so this one stays put.
-    let ids = m.ids.view(0, &[1])?;
-    step.extend(argmax(gpu, &m.logits, &ids, &m.history, &m.step, false)?);
+    let step = floor_step(gpu, &s.model, prompt.len())?;
     let profile = step.run_profiled(gpu, &mut Profiler::new())?;
     let decode_gpu_us = profile.busy_us();
     let top = profile
@@ -238,7 +234,12 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     let copy_gbps = copy_bytes / time_sequence(gpu, &[cd], 10)? / 1e3;
     let roofline_tps = copy_gbps * 1e9 / bytes_per_token;
     let decode_step_workgroups = s.model.decode_step().map_or(0, |step| step.workgroups);
+    let sweep = match &a.sweep {
+        Some(spec) => super::llm_sweep::sweep(gpu, &mut s, &prompt, a.generate, spec)?,
+        None => Vec::new(),
+    };
     Ok(LlmBench {
+        sweep,
         decode_step_workgroups,
         first_tokens: g.tokens.iter().take(12).copied().collect(),
         shape,
@@ -273,11 +274,24 @@ pub fn run(gpu: &Gpu, a: &LlmBenchArgs) -> Result<LlmBench> {
     })
 }
 
+/// One decode step after a `prompt_len`-token prompt, for the profiler and the floors: the decode
+/// program and an argmax that leaves the step state where it is (the model's greedy selection
+/// moves it on after each step; repeated up to 32 times in one buffer that would walk past the
+/// cache).
+pub(super) fn floor_step(gpu: &Gpu, m: &LlamaModel, prompt_len: usize) -> Result<Program> {
+    m.set_step(gpu, prompt_len + 1, prompt_len)?;
+    let mut step = Program::new();
+    step.extend(m.decode_program(prompt_len + 1).dispatches.iter().cloned());
+    let ids = m.ids.view(0, &[1])?;
+    step.extend(argmax(gpu, &m.logits, &ids, &m.history, &m.step, false)?);
+    Ok(step)
+}
+
 /// The floors of a decode step: GPU wall time per step with the CPU out of the way (32 steps in one
 /// command buffer; 32 pre-encoded command buffers, one submit each, then one wait; the same 32 in one
 /// submit), and the CPU
 /// time of encoding + submitting one step. Medians of 5, in microseconds.
-fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64, f64, f64)> {
+pub(super) fn decode_floors(gpu: &Gpu, step: &Program) -> Result<(f64, f64, f64, f64)> {
     const REPS: usize = 32;
     let mut many = Program::new();
     for _ in 0..REPS {

@@ -3,6 +3,7 @@
 mod dp4a_latency;
 mod kernels;
 mod llm;
+mod llm_sweep;
 mod sd;
 mod timing;
 
