@@ -22,8 +22,11 @@
 // writes its unnormalised share (max, sum, accumulator) to `part` and counts itself in; the last
 // to arrive merges the CH shares in chunk order (the result does not depend on arrival order) and
 // resets the count for the next dispatch. Still one dispatch: no merge pass, no partials kernel.
+// XQA (with CHUNKS, D a multiple of 32, subgroups of a multiple of 8 lanes): the last workgroup also
+// writes its row quantized for the next product (xq_produce.wgsl's layout, at binding 7): each
+// 32-element block is 8 vec4 columns held by 8 neighbouring lanes, reduced by shuffles among them.
 // Specialisation: QT, KT, OT (f32|f16), F16, QV / KV / OV (vec4 bindings), D, S, NT, LG, CV, CAUSAL,
-// SGMERGE (the subgroups' shares merged by subgroup reductions: needs NT / S <= S), CH / CHUNKS.
+// SGMERGE (the subgroups' shares merged by subgroup reductions: needs NT / S <= S), CH / CHUNKS, XQA.
 #if F16
 enable f16;
 #endif
@@ -71,6 +74,40 @@ fn share_put(i: u32, x: f32) {
 
 fn share_get(i: u32) -> f32 {
     return bitcast<f32>(atomicLoad(&part[i]));
+}
+#endif
+
+#if XQA
+@group(0) @binding(7) var<storage, read_write> xqa: array<u32>;
+
+// Elements el .. el + 3 of the output row (as stored) into x's block el / 32: word j = el % 32 / 4 of
+// its qh and ql planes, and from the block's first lane its scale and sums. The 8 lanes of a block
+// are neighbours in one subgroup (lane ^ 1, ^ 2, ^ 4 stays inside the block).
+fn xqa_emit(el: u32, y: vec4<f32>) {
+    var m = max(max(abs(y.x), abs(y.y)), max(abs(y.z), abs(y.w)));
+    var sx = (y.x + y.y) + (y.z + y.w);
+    var ss = dot(y, y);
+    m = max(m, subgroupShuffleXor(m, 1u));
+    sx += subgroupShuffleXor(sx, 1u);
+    ss += subgroupShuffleXor(ss, 1u);
+    m = max(m, subgroupShuffleXor(m, 2u));
+    sx += subgroupShuffleXor(sx, 2u);
+    ss += subgroupShuffleXor(ss, 2u);
+    m = max(m, subgroupShuffleXor(m, 4u));
+    sx += subgroupShuffleXor(sx, 4u);
+    ss += subgroupShuffleXor(ss, 4u);
+    let inv = select(0.0, 127.0 / m, m > 0.0);
+    let sc = y * inv;
+    let o = p.o6 + (el / 32u) * 20u;
+    let j = (el % 32u) / 4u;
+    xqa[o + j] = pack4xI8(vec4<i32>(round(sc)));
+    xqa[o + 8u + j] = pack4xI8(vec4<i32>(round((sc - round(sc)) * 254.0)));
+    if j == 0u {
+        xqa[o + 16u] = bitcast<u32>(m / 127.0);
+        xqa[o + 17u] = bitcast<u32>(sx);
+        xqa[o + 18u] = bitcast<u32>(ss);
+        xqa[o + 19u] = 0u;
+    }
 }
 #endif
 
@@ -223,6 +260,9 @@ fn main(
             }
             let inv = select(0.0, 1.0 / sum, sum > 0.0);
             store_out4(p.off4 + row + 4u * e, o * inv);
+#if XQA
+            xqa_emit(row + 4u * e, vec4<f32>(vec4<{{OT}}>(o * inv)));
+#endif
         }
         if lid == 0u {
             atomicStore(&part[g], 0u);

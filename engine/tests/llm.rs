@@ -8,10 +8,12 @@ use std::sync::OnceLock;
 use std::sync::atomic::AtomicBool;
 
 use drift_engine::generate::{GenerateOptions, LlmSession, StopReason};
+use drift_engine::models::config::LlmConfig;
 use drift_engine::models::hf::HfFolder;
 use drift_engine::models::llama::QuantScheme;
 use drift_engine::models::llama::{LlamaModel, LlamaWeights};
 use drift_engine::models::llama_step::StepOptions;
+use drift_engine::models::shapes::{RandomWeights, ShapedRandom};
 use drift_engine::sampling::SamplingParams;
 use drift_engine::tokenize::chat_template::Message;
 use drift_engine::{Gpu, GpuOptions};
@@ -573,6 +575,72 @@ fn quantized_fused_decode_reads_producer_quantized_x() {
         println!("{c}");
         assert!(c.passed, "{c}");
     }
+}
+
+/// The decode attention quantizing its output for the O product (`set_attention_xq`): at head dim
+/// 128 (4 workgroups per attention row) every layer's attention writes x's blocks and its O reads
+/// them, and the logits are those of O quantizing the same output itself.
+#[test]
+fn attention_quantized_x_feeds_the_o_product() {
+    let gpu = gpu();
+    let cfg = LlmConfig::from_json(
+        r#"{"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":512,
+        "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":128,
+        "vocab_size":320,"rms_norm_eps":1e-5,"rope_theta":10000,"max_position_embeddings":256,
+        "tie_word_embeddings":false}"#,
+    )
+    .unwrap();
+    let src = ShapedRandom {
+        cfg: &cfg,
+        rng: RandomWeights { seed: 7 },
+    };
+    let w = LlamaWeights::load(gpu, &cfg, &src, QuantScheme::Q4_0).unwrap();
+    let mut m = LlamaModel::new(gpu, cfg.clone(), w, 64).unwrap();
+    assert!(m.decode_fused(), "the fused decode runs on this device");
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 37 % 320) as u32).collect();
+    let t = prompt.len();
+    m.write_ids(gpu, &prompt).unwrap();
+    m.set_step(gpu, t, 0).unwrap();
+    m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+    let step = |m: &mut LlamaModel, on: bool| {
+        m.set_attention_xq(gpu, on).unwrap();
+        m.write_ids(gpu, &[prompt[1]]).unwrap();
+        m.set_step(gpu, t + 1, t).unwrap();
+        gpu.poison(&m.logits).unwrap();
+        m.decode_program(t + 1).run(gpu).unwrap();
+        let names: Vec<String> = m
+            .decode_program(t + 1)
+            .dispatches
+            .iter()
+            .map(|d| d.name.clone())
+            .collect();
+        (gpu.read_f32(&m.logits).unwrap(), names)
+    };
+    let count = |names: &[String], pick: fn(&str) -> bool| names.iter().filter(|n| pick(n)).count();
+    let attention_writes = |n: &str| n.starts_with("attention_decode_row") && n.ends_with("_xqo");
+    let reads = |n: &str| n.contains("_dp4a_xq") && !n.contains("_dp4a_xqo");
+    let (on, names_on) = step(&mut m, true);
+    let (off, names_off) = step(&mut m, false);
+    let layers = cfg.n_layers;
+    assert_eq!(count(&names_on, attention_writes), layers, "{names_on:?}");
+    assert_eq!(count(&names_off, attention_writes), 0, "{names_off:?}");
+    // O reads x's blocks as well as QKV past the first layer, gate-up, down and the LM head.
+    assert_eq!(count(&names_on, reads), 4 * layers);
+    assert_eq!(count(&names_off, reads), 3 * layers);
+    // The same int8 terms either way (same scale, same rounding); only the blocks' f32 sums are
+    // added in another order: ~1e-7 relative.
+    let want: Vec<f64> = off.iter().map(|&v| v as f64).collect();
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    assert!(scale > 0.0);
+    let c = drift_engine::selftest::compare(
+        "logits, O reading the attention's quantized output vs quantizing it itself",
+        &on,
+        &want,
+        1e-4 * scale,
+        1e-4,
+    );
+    println!("{c}");
+    assert!(c.passed, "{c}");
 }
 
 /// The one-dispatch decode step (grid barriers between the phases) against the multi-dispatch

@@ -13,6 +13,7 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Cost, Dispatch};
 use crate::gpu::{Caps, Gpu};
 use crate::kernels::attention::{Dims, dtype_tag, flag, io_defines, unrolled, vec4_ok};
+use crate::kernels::quant_xq::check_buffer;
 use crate::kernels::{KernelSpec, grid};
 use crate::tensor::Tensor;
 use crate::{shader, shape_err};
@@ -152,6 +153,7 @@ pub(crate) fn decode_row(
     causal: bool,
     threads: Option<usize>,
     chunks: Option<usize>,
+    xq_out: Option<&Tensor>,
 ) -> Result<Dispatch> {
     let d = dims.d;
     let ch = chunks.unwrap_or_else(|| chunks_wanted(d));
@@ -163,6 +165,17 @@ pub(crate) fn decode_row(
     let lanes = RowLanes::new(&gpu.caps, d)
         .map_err(|why| DriftError::Unsupported(format!("attention: one-pass decode {why}")))?;
     let nt = lanes.threads(&gpu.caps, d, threads);
+    if let Some(x) = xq_out {
+        // The last workgroup of a row quantizes it: whole 32-element blocks per head, 8 lanes each.
+        if ch < 2 || !d.is_multiple_of(32) || !lanes.s.is_multiple_of(8) || dims.b * dims.lq != 1 {
+            return Err(DriftError::Unsupported(format!(
+                "attention: x quantized for the next product needs one query row, head dims of whole                  32-element blocks, subgroups of a multiple of 8 and 2+ workgroups per row (here                  {} rows, D = {d}, subgroups of {}, {ch} per row)",
+                dims.b * dims.lq,
+                lanes.s
+            )));
+        }
+        check_buffer(x, dims.hq * d)?;
+    }
     let sg_merge = nt / lanes.s <= lanes.s && sg_merge_wanted();
     let tag = dtype_tag(q, k, out);
     let spec = KernelSpec::new(
@@ -175,7 +188,7 @@ pub(crate) fn decode_row(
             } else {
                 String::new()
             },
-        ),
+        ) + if xq_out.is_some() { "_xqo" } else { "" },
         SOURCE,
         "main",
     )
@@ -190,6 +203,7 @@ pub(crate) fn decode_row(
     .define("CH", ch)
     .define("CHUNKS", flag(ch > 1))
     .define("SKIP", flag(skip_wanted()))
+    .define("XQA", flag(xq_out.is_some()))
     .defines(row_bodies(&lanes));
     let kernel = gpu.kernel(&spec)?;
     let rows = dims.b * dims.lq * dims.hq;
@@ -210,6 +224,7 @@ pub(crate) fn decode_row(
         scratch = gpu.arrival_scratch("attention row shares", words)?;
         tensors.push(&scratch);
     }
+    tensors.extend(xq_out);
     gpu.dispatch(
         &kernel,
         &params,

@@ -143,10 +143,10 @@ impl XqPlan {
 }
 
 /// An xq buffer for a row of `k` elements: U32, large enough, starting on 16 bytes (read as vec4).
-fn check_buffer(t: &Tensor, k: usize) -> Result<()> {
+pub(crate) fn check_buffer(t: &Tensor, k: usize) -> Result<()> {
     if t.dtype != DType::U32 || t.numel() < xq_words(k) || !t.storage.offset.is_multiple_of(16) {
         return Err(shape_err!(
-            "matvec_quant: an xq buffer for {k} elements must be {} U32 words from a 16-byte offset, is {:?} {:?} at byte {}",
+            "an xq buffer for {k} elements must be {} U32 words from a 16-byte offset, is {:?} {:?} at byte {}",
             xq_words(k),
             t.shape,
             t.dtype,

@@ -24,7 +24,9 @@ use crate::error::{DriftError, Result};
 use crate::exec::{Dispatch, Program};
 use crate::gpu::Gpu;
 use crate::kernels::activation::swiglu;
-use crate::kernels::attention::{AttentionOptions, AttentionVariant, attention};
+use crate::kernels::attention::{
+    AttentionOptions, AttentionVariant, attention, attention_quantizing,
+};
 use crate::kernels::attention_row::{long_row_chunks, row_available, row_max_kv};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{MatmulOptions, glu_available, matmul, matmul_partials};
@@ -67,6 +69,8 @@ struct Activations {
     /// Fused decode: x (the residual stream) and the GLU activation quantized by their producers
     /// for the next product ([`crate::kernels::quant_xq`]).
     xq: Option<(Tensor, Tensor)>,
+    /// Fused decode: the attention's output quantized by its merge for the O product.
+    xq_attn: Option<Tensor>,
 }
 
 /// The intermediates only the unfused stage has.
@@ -151,6 +155,11 @@ impl Activations {
             } else {
                 None
             },
+            xq_attn: if fused && t == 1 {
+                Some(a("xq attn", &[xq_words(hq * d)], DType::U32)?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -180,6 +189,10 @@ pub struct LlamaModel {
     row_max_kv: usize,
     /// Fused matrix-vector stages (see the module docs); from `DRIFT_DECODE_FUSION` at load.
     fusion: bool,
+    /// Whether the decode attention quantizes its output for the O product (where x is quantized
+    /// by its producers and the attention can); `None`: `DRIFT_DP4A_XQ_ATTN=1` when the programs
+    /// are built (off otherwise: not yet measured on a GPU).
+    attention_xq: Option<bool>,
     /// The whole decode step as one dispatch (`models::llama_step`), where it serves this model and
     /// device; preferred over `decode` / `decode_long`.
     decode_step: Option<DecodeStep>,
@@ -272,6 +285,7 @@ impl LlamaModel {
             decode_long: None,
             row_max_kv: 0,
             fusion,
+            attention_xq: None,
             greedy: Vec::new(),
             scratch,
             kv,
@@ -302,6 +316,18 @@ impl LlamaModel {
         self.fusion = on;
         self.decode_acts = Activations::new(gpu, &self.cfg, 1, self.w.dtype, self.fused(1))?;
         self.build_decode_programs(gpu)
+    }
+
+    /// Rebuilds the decode programs with the attention quantizing its output for the O product or
+    /// not (comparisons; `DRIFT_DP4A_XQ_ATTN` when never set). The one-dispatch step is kept.
+    pub fn set_attention_xq(&mut self, gpu: &Gpu, on: bool) -> Result<()> {
+        self.attention_xq = Some(on);
+        self.build_decode_programs(gpu)
+    }
+
+    fn attention_xq_wanted(&self) -> bool {
+        self.attention_xq
+            .unwrap_or_else(|| std::env::var_os("DRIFT_DP4A_XQ_ATTN").is_some_and(|v| v == "1"))
     }
 
     /// Rebuilds the decode programs as they are (the one-dispatch step kept), their kernels
@@ -584,18 +610,33 @@ impl LlamaModel {
                     },
                 )?);
             }
-            d.extend(attention(
-                gpu,
-                &a.q,
-                k,
-                v,
-                &a.attn,
-                &self.step,
-                &AttentionOptions {
-                    causal: true,
-                    ..attention_opts
-                },
-            )?);
+            let attn_opts = AttentionOptions {
+                causal: true,
+                ..attention_opts
+            };
+            // With x quantized by its producers the attention's merge may quantize its output for
+            // O too (where the variant and shapes allow; else O quantizes it itself).
+            let attn_xq = match (xq, &a.xq_attn) {
+                (Some(_), Some(buf)) if self.attention_xq_wanted() => {
+                    match attention_quantizing(
+                        gpu, &a.q, k, v, &a.attn, &self.step, &attn_opts, buf,
+                    ) {
+                        Ok(ds) => {
+                            d.extend(ds);
+                            Some(buf)
+                        }
+                        Err(DriftError::Unsupported(why)) => {
+                            log::debug!("O quantizes its own input: {why}");
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ => None,
+            };
+            if attn_xq.is_none() {
+                d.extend(attention(gpu, &a.q, k, v, &a.attn, &self.step, &attn_opts)?);
+            }
             let attn2 = a.attn.reshape(&[t, c.n_heads * c.head_dim])?;
             let Some(u) = &a.unfused else {
                 // x += O(attn); gu = gate_up(rmsnorm(x)); x += down(swiglu(gu)).
@@ -605,6 +646,7 @@ impl LlamaModel {
                 };
                 let o_xq = xq.filter(|_| o_makes_xq);
                 let o = Fuse {
+                    xq_in: attn_xq,
                     xq_out: o_xq
                         .filter(|_| produce)
                         .map(|(x, _)| (x, Some(&lw.ffn_norm))),

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod attention_stages;
+pub mod attention_xq;
 pub mod conv;
 pub mod elementwise;
 pub mod embedding;

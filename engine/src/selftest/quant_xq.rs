@@ -4,6 +4,7 @@
 //! fresh inputs with the xq buffer and the output poisoned; the consumer's result is compared with
 //! the f64 product of its dequantised weight and its prologue'd input, computed from the producer's
 //! output as stored, within the tolerance of x's two int8 terms per block and f32 accumulation.
+//! The decode attention as a producer: [`super::attention_xq`].
 
 use super::quant::{int8_input_error, random_blocks, upload_weight};
 use super::{Check, Rng, compare, random, store_rtol};
@@ -82,6 +83,8 @@ pub fn checks(gpu: &Gpu, rng: &mut Rng) -> Result<Vec<Check>> {
     for p in &pairs {
         out.extend(check_pair(gpu, rng, p)?);
     }
+    // The decode attention as a producer (for the O product).
+    out.extend(super::attention_xq::checks(gpu, rng)?);
     Ok(out)
 }
 
