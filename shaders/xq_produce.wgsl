@@ -34,6 +34,16 @@ fn xq_gained(e: u32, v: f32) -> f32 {
 #endif
 }
 
+// The block at word o's scale (max |y| m / 127), sum of y and sum of squares ss, and its zero word.
+fn xq_put_meta(o: u32, m: f32, sx: f32, ss: f32) {
+    if XQW == 1u {
+        xq_out[o + 16u] = bitcast<u32>(m / 127.0);
+        xq_out[o + 17u] = bitcast<u32>(sx);
+        xq_out[o + 18u] = bitcast<u32>(ss);
+        xq_out[o + 19u] = 0u;
+    }
+}
+
 #if XQL
 // XQL (subgroups of 32, and the value of element e held by the invocation e % 32 of a subgroup: the
 // GLU epilogue's and the split-K last workgroup's rows): each block is one subgroup's values, reduced
@@ -63,18 +73,7 @@ fn xq_keep(i: u32, e: u32, v: f32) {
         }
     }
     if e % 32u == 0u {
-        if XQW == 1u {
-            xq_out[o + 16u] = bitcast<u32>(m / 127.0);
-        }
-        if XQW == 1u {
-            xq_out[o + 17u] = bitcast<u32>(sx);
-        }
-        if XQW == 1u {
-            xq_out[o + 18u] = bitcast<u32>(ss);
-        }
-        if XQW == 1u {
-            xq_out[o + 19u] = 0u;
-        }
+        xq_put_meta(o, m, sx, ss);
     }
 }
 
@@ -108,19 +107,7 @@ fn xq_finish(e0: u32, lid: u32) {
         let s = xq_v[lid] * inv;
         xq_b[lid] = vec2<i32>(i32(round(s)), i32(round((s - round(s)) * 254.0)));
         if lid == b0 {
-            let o = tensor_base(XQO_B) + (e0 / 32u + lid / 32u) * 20u;
-            if XQW == 1u {
-                xq_out[o + 16u] = bitcast<u32>(m / 127.0);
-            }
-            if XQW == 1u {
-                xq_out[o + 17u] = bitcast<u32>(sx);
-            }
-            if XQW == 1u {
-                xq_out[o + 18u] = bitcast<u32>(ss);
-            }
-            if XQW == 1u {
-                xq_out[o + 19u] = 0u;
-            }
+            xq_put_meta(tensor_base(XQO_B) + (e0 / 32u + lid / 32u) * 20u, m, sx, ss);
         }
     }
     workgroupBarrier();

@@ -516,6 +516,35 @@ fn fused_decode_matches_unfused() {
     }
 }
 
+/// Fills the KV cache with `prompt` (prefill).
+fn prefill_prompt(gpu: &Gpu, m: &LlamaModel, prompt: &[u32]) {
+    let t = prompt.len();
+    m.write_ids(gpu, prompt).unwrap();
+    m.set_step(gpu, t, 0).unwrap();
+    m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
+}
+
+/// One decode step of token `id` at position `t` (the logits poisoned first): the logits and the
+/// names of the program's kernels.
+fn decode_at(gpu: &Gpu, m: &LlamaModel, id: u32, t: usize) -> (Vec<f32>, Vec<String>) {
+    m.write_ids(gpu, &[id]).unwrap();
+    m.set_step(gpu, t + 1, t).unwrap();
+    gpu.poison(&m.logits).unwrap();
+    let p = m.decode_program(t + 1);
+    p.run(gpu).unwrap();
+    let names = p.dispatches.iter().map(|d| d.name.clone()).collect();
+    (gpu.read_f32(&m.logits).unwrap(), names)
+}
+
+/// Kernel names: `_dp4a_xq` reads x's blocks (`_dp4a_xq_xqo` also writes them).
+fn reads_xq(name: &str) -> bool {
+    name.contains("_dp4a_xq") && !name.contains("_dp4a_xqo")
+}
+
+fn count(names: &[String], pick: impl Fn(&str) -> bool) -> usize {
+    names.iter().filter(|n| pick(n)).count()
+}
+
 /// Quantized weights: the fused decode step reads x quantized by its producers (O, gate-up and
 /// down write it; QKV past the first layer, gate-up, down and the LM head read it with no pre-pass)
 /// and gives the unfused step's logits, where every product quantizes its own input.
@@ -528,35 +557,25 @@ fn quantized_fused_decode_reads_producer_quantized_x() {
         let mut m = LlamaModel::new(gpu, f.config.clone(), w, 64).unwrap();
         let prompt = ids(&r["prompt_ids"]);
         let t = prompt.len();
-        m.write_ids(gpu, &prompt).unwrap();
-        m.set_step(gpu, t, 0).unwrap();
-        m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
-        let step = |m: &mut LlamaModel, fused: bool| {
-            m.set_decode_fusion(gpu, fused).unwrap();
-            m.write_ids(gpu, &[prompt[1]]).unwrap();
-            m.set_step(gpu, t + 1, t).unwrap();
-            gpu.poison(&m.logits).unwrap();
-            m.decode_program(t + 1).run(gpu).unwrap();
-            gpu.read_f32(&m.logits).unwrap()
-        };
-        let fused = step(&mut m, true);
-        // Kernel names: `_dp4a_xq` reads x's blocks, `_xqo` writes them (`_dp4a_xq_xqo` both).
-        let count = |m: &LlamaModel, pick: fn(&str) -> bool| {
-            m.decode_program(t + 1)
-                .dispatches
-                .iter()
-                .filter(|d| pick(&d.name))
-                .count()
-        };
-        let reads = |n: &str| n.contains("_dp4a_xq") && !n.contains("_dp4a_xqo");
-        let writes = |n: &str| n.contains("_xqo");
+        prefill_prompt(gpu, &m, &prompt);
+        m.set_decode_fusion(gpu, true).unwrap();
+        let (fused, names) = decode_at(gpu, &m, prompt[1], t);
         let layers = m.cfg.n_layers;
         // Readers: QKV of layers 1.., gate-up and down of every layer, the LM head.
-        assert_eq!(count(&m, reads), 3 * layers, "{scheme:?} readers");
+        assert_eq!(count(&names, reads_xq), 3 * layers, "{scheme:?} readers");
         // Writers: O, gate-up and down of every layer.
-        assert_eq!(count(&m, writes), 3 * layers, "{scheme:?} writers");
-        let unfused = step(&mut m, false);
-        assert_eq!(count(&m, |n| n.contains("_xq")), 0, "{scheme:?} unfused");
+        assert_eq!(
+            count(&names, |n| n.contains("_xqo")),
+            3 * layers,
+            "{scheme:?} writers"
+        );
+        m.set_decode_fusion(gpu, false).unwrap();
+        let (unfused, names) = decode_at(gpu, &m, prompt[1], t);
+        assert_eq!(
+            count(&names, |n| n.contains("_xq")),
+            0,
+            "{scheme:?} unfused"
+        );
         // Both quantize x to two int8 terms per block of 32 (~15 bits) and accumulate in f32; the
         // unfused step also rounds the normed input and the GLU output to f16 (~1e-3 relative).
         let (atol, rtol) = if gpu.caps.f16 {
@@ -599,34 +618,18 @@ fn attention_quantized_x_feeds_the_o_product() {
     assert!(m.decode_fused(), "the fused decode runs on this device");
     let prompt: Vec<u32> = (0..11).map(|i| (i * 37 % 320) as u32).collect();
     let t = prompt.len();
-    m.write_ids(gpu, &prompt).unwrap();
-    m.set_step(gpu, t, 0).unwrap();
-    m.build_prefill(gpu, t, false).unwrap().0.run(gpu).unwrap();
-    let step = |m: &mut LlamaModel, on: bool| {
-        m.set_attention_xq(gpu, on).unwrap();
-        m.write_ids(gpu, &[prompt[1]]).unwrap();
-        m.set_step(gpu, t + 1, t).unwrap();
-        gpu.poison(&m.logits).unwrap();
-        m.decode_program(t + 1).run(gpu).unwrap();
-        let names: Vec<String> = m
-            .decode_program(t + 1)
-            .dispatches
-            .iter()
-            .map(|d| d.name.clone())
-            .collect();
-        (gpu.read_f32(&m.logits).unwrap(), names)
-    };
-    let count = |names: &[String], pick: fn(&str) -> bool| names.iter().filter(|n| pick(n)).count();
+    prefill_prompt(gpu, &m, &prompt);
+    m.set_attention_xq(gpu, true).unwrap();
+    let (on, names_on) = decode_at(gpu, &m, prompt[1], t);
+    m.set_attention_xq(gpu, false).unwrap();
+    let (off, names_off) = decode_at(gpu, &m, prompt[1], t);
     let attention_writes = |n: &str| n.starts_with("attention_decode_row") && n.ends_with("_xqo");
-    let reads = |n: &str| n.contains("_dp4a_xq") && !n.contains("_dp4a_xqo");
-    let (on, names_on) = step(&mut m, true);
-    let (off, names_off) = step(&mut m, false);
     let layers = cfg.n_layers;
     assert_eq!(count(&names_on, attention_writes), layers, "{names_on:?}");
     assert_eq!(count(&names_off, attention_writes), 0, "{names_off:?}");
     // O reads x's blocks as well as QKV past the first layer, gate-up, down and the LM head.
-    assert_eq!(count(&names_on, reads), 4 * layers);
-    assert_eq!(count(&names_off, reads), 3 * layers);
+    assert_eq!(count(&names_on, reads_xq), 4 * layers);
+    assert_eq!(count(&names_off, reads_xq), 3 * layers);
     // The same int8 terms either way (same scale, same rounding); only the blocks' f32 sums are
     // added in another order: ~1e-7 relative.
     let want: Vec<f64> = off.iter().map(|&v| v as f64).collect();

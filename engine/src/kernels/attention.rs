@@ -178,8 +178,45 @@ pub fn attention(
     step: &Tensor,
     opts: &AttentionOptions,
 ) -> Result<Vec<Dispatch>> {
+    attention_into(gpu, q, k, v, out, step, opts, None)
+}
+
+/// [`attention`] of one decode row by the one-pass variant ([`AttentionVariant::DecodeRow`], several
+/// workgroups per row) that also writes its output quantized into `xq_out` for the next product
+/// (the integer-dot-product kernel's x, see [`crate::kernels::quant_xq`]); `Unsupported` where the
+/// variant or the shapes cannot.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_quantizing(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    opts: &AttentionOptions,
+    xq_out: &Tensor,
+) -> Result<Vec<Dispatch>> {
+    attention_into(gpu, q, k, v, out, step, opts, Some(xq_out))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_into(
+    gpu: &Gpu,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    step: &Tensor,
+    opts: &AttentionOptions,
+    xq_out: Option<&Tensor>,
+) -> Result<Vec<Dispatch>> {
     let dims = check(gpu, q, k, v, out, step)?;
     let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
+    if xq_out.is_some() && resolve_variant(&dims, opts) != AttentionVariant::DecodeRow {
+        return Err(DriftError::Unsupported(
+            "attention: x quantized for the next product needs the one-pass decode variant".into(),
+        ));
+    }
     let coop = |emulated| {
         attention_coop::coop(
             gpu,
@@ -222,50 +259,12 @@ pub fn attention(
             opts.causal,
             opts.row_threads,
             opts.row_chunks,
-            None,
+            xq_out,
         )?]),
         AttentionVariant::Coop => coop(false),
         AttentionVariant::CoopEmulated => coop(true),
         _ => Ok(vec![prefill(gpu, q, k, v, out, step, &dims, scale, opts)?]),
     }
-}
-
-/// [`attention`] of one decode row by the one-pass variant ([`AttentionVariant::DecodeRow`], several
-/// workgroups per row) that also writes its output quantized into `xq_out` for the next product
-/// (the integer-dot-product kernel's x, see [`crate::kernels::quant_xq`]); `Unsupported` where the
-/// variant or the shapes cannot.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_quantizing(
-    gpu: &Gpu,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    out: &Tensor,
-    step: &Tensor,
-    opts: &AttentionOptions,
-    xq_out: &Tensor,
-) -> Result<Vec<Dispatch>> {
-    let dims = check(gpu, q, k, v, out, step)?;
-    if resolve_variant(&dims, opts) != AttentionVariant::DecodeRow {
-        return Err(DriftError::Unsupported(
-            "attention: x quantized for the next product needs the one-pass decode variant".into(),
-        ));
-    }
-    let scale = opts.scale.unwrap_or(1.0 / (dims.d as f32).sqrt());
-    Ok(vec![attention_row::decode_row(
-        gpu,
-        q,
-        k,
-        v,
-        out,
-        step,
-        &dims,
-        scale,
-        opts.causal,
-        opts.row_threads,
-        opts.row_chunks,
-        Some(xq_out),
-    )?])
 }
 
 fn resolve_variant(dims: &Dims, opts: &AttentionOptions) -> AttentionVariant {
