@@ -503,17 +503,23 @@ fn fused_decode_matches_unfused() {
         } else {
             (2e-4, 1e-5)
         };
-        let want: Vec<f64> = unfused.iter().map(|&v| v as f64).collect();
-        let c = drift_engine::selftest::compare(
+        assert_close(
             format!("fused vs unfused decode logits (f16: {})", gpu.caps.f16),
             &fused,
-            &want,
+            &unfused,
             atol,
             rtol,
         );
-        println!("{c}");
-        assert!(c.passed, "{c}");
     }
+}
+
+/// `got` against `want` (f32 results, compared in f64) within `atol` + `rtol` |want|; prints the
+/// comparison.
+fn assert_close(name: impl Into<String>, got: &[f32], want: &[f32], atol: f64, rtol: f64) {
+    let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+    let c = drift_engine::selftest::compare(name, got, &want, atol, rtol);
+    println!("{c}");
+    assert!(c.passed, "{c}");
 }
 
 /// Fills the KV cache with `prompt` (prefill).
@@ -583,16 +589,13 @@ fn quantized_fused_decode_reads_producer_quantized_x() {
         } else {
             (2e-3, 1e-4)
         };
-        let want: Vec<f64> = unfused.iter().map(|&v| v as f64).collect();
-        let c = drift_engine::selftest::compare(
+        assert_close(
             format!("{scheme:?} fused (producer-quantized x) vs unfused decode logits"),
             &fused,
-            &want,
+            &unfused,
             atol,
             rtol,
         );
-        println!("{c}");
-        assert!(c.passed, "{c}");
     }
 }
 
@@ -779,16 +782,13 @@ fn one_dispatch_decode_step_on_rows_narrower_than_a_subgroup() {
             // The program rounds q, the attention output and the SwiGLU output to f16, the step keeps
             // them in f32: seen 1e-4 of the logits' largest magnitude; allowed 2e-3.
             let spread = w.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;
-            let want: Vec<f64> = w.iter().map(|&v| v as f64).collect();
-            let c = drift_engine::selftest::compare(
+            assert_close(
                 format!("step {i} logits, whole up to {whole_max}"),
                 g,
-                &want,
+                &w,
                 2e-3 * spread,
                 2e-3,
             );
-            println!("{c}");
-            assert!(c.passed, "{c}");
         }
     }
     // A model over the size limit keeps the multi-dispatch program.
