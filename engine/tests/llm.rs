@@ -785,7 +785,7 @@ fn one_dispatch_decode_step_on_rows_narrower_than_a_subgroup() {
             assert_close(
                 format!("step {i} logits, whole up to {whole_max}"),
                 g,
-                &w,
+                w,
                 2e-3 * spread,
                 2e-3,
             );
