@@ -99,19 +99,25 @@ pub(crate) fn spec(
         .define("DBG", dbg)
 }
 
+/// Percent of the pre-pass's workgroup memory a product allocates by default (see
+/// [`workgroup_blocks`]).
+const DEFAULT_SMEM_PERCENT: u32 = 120;
+
 /// Blocks of x the workgroup memory is sized for, for `slice` elements per workgroup of a product of
 /// `rows` x `k` (`limit`: the device's workgroup memory in bytes). The pre-pass needs
-/// [`max_blocks`]; a product reading producer-quantized x needs none but keeps as many allocated,
-/// unused: the allocation sets how many workgroups share an SM, and on the H200 the 8B Q4_0 token's
-/// floor was 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB) and 2.68 with twice that
-/// (BENCHMARKS.md, 2026-12-02 fifteenth session). `DRIFT_DP4A_SMEM` (timing runs) scales it:
-/// `PCT` for every product or `ROWSxK=PCT,...` for some, in percent of the pre-pass's (below 100
-/// only where x is producer-quantized).
+/// [`max_blocks`]; a product reading producer-quantized x needs none, but the allocation sets how
+/// many workgroups share an SM, and that sets the product's speed, not monotonically: on the H200 the
+/// 8B Q4_0 token's floor was 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB), 2.25 at 105
+/// percent, 2.19-2.21 from 110 to 130 percent (QKV and gate-up gain, down and O are flat) and 2.61
+/// from 135 (BENCHMARKS.md, 2026-12-02 sixteenth session), so every product allocates 120 percent,
+/// the middle of the flat part. `DRIFT_DP4A_SMEM` (timing runs) overrides it: `PCT` for every product
+/// or `ROWSxK=PCT,...` for some (below 100 only where x is producer-quantized).
 fn workgroup_blocks(slice: usize, rows: usize, k: usize, xq_in: bool, limit: u32) -> u32 {
     let pct = std::env::var("DRIFT_DP4A_SMEM")
         .ok()
         .and_then(|v| smem_percent(&v, rows, k));
-    blocks_at_percent(max_blocks(slice), pct.unwrap_or(100), xq_in, limit)
+    let pct = pct.unwrap_or(DEFAULT_SMEM_PERCENT);
+    blocks_at_percent(max_blocks(slice), pct, xq_in, limit)
 }
 
 /// `pct` percent of the pre-pass's `full` blocks, within `limit` bytes of workgroup memory, and never

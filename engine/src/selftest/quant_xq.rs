@@ -7,7 +7,7 @@
 //! The decode attention as a producer: [`super::attention_xq`].
 
 use super::quant::{int8_input_error, random_blocks, upload_weight};
-use super::{Check, Rng, compare, random, store_rtol};
+use super::{Check, Rng, compare, random, round_trip_rtol, store_rtol};
 use crate::error::Result;
 use crate::exec::Program;
 use crate::gpu::Gpu;
@@ -174,8 +174,12 @@ fn check_pair(gpu: &Gpu, rng: &mut Rng, p: &Pair) -> Result<Vec<Check>> {
         };
         let xin32: Vec<f32> = xin.iter().map(|&v| v as f32).collect();
         let want = r::matvec(&deq_c, &xin32, None, 1, p.n_c, len);
-        // f32 accumulation, x's two int8 terms per block (as the consumer's own pre-pass has them).
-        let atol = 3e-7 * r::abs_dot_max(&deq_c, &xin32, 1, p.n_c, len)
+        // f32 accumulation, x's two int8 terms per block (as the consumer's own pre-pass has them),
+        // and the blocks made from the producer's output before its rounding to `io` (x and, with
+        // the norm, its 1 / rms each within the round trip's bound).
+        let abs = r::abs_dot_max(&deq_c, &xin32, 1, p.n_c, len);
+        let atol = 3e-7 * abs
+            + 2.0 * round_trip_rtol(io) * abs
             + int8_input_error(&deq_c, &xin, p.n_c, len)
             + 1e-7;
         checks.push(compare(
