@@ -99,31 +99,33 @@ pub(crate) fn spec(
         .define("DBG", dbg)
 }
 
-/// Percent of the pre-pass's workgroup memory a product allocates by default (see
-/// [`workgroup_blocks`]).
-const DEFAULT_SMEM_PERCENT: u32 = 120;
+/// Blocks of x every product's workgroup memory is sized for by default, unless its pre-pass needs
+/// more (see [`workgroup_blocks`]): 120 percent of a 4096-wide row's 128.
+const DEFAULT_BLOCKS: u32 = 153;
 
 /// Blocks of x the workgroup memory is sized for, for `slice` elements per workgroup of a product of
 /// `rows` x `k` (`limit`: the device's workgroup memory in bytes). The pre-pass needs
 /// [`max_blocks`]; a product reading producer-quantized x needs none, but the allocation sets how
-/// many workgroups share an SM, and that sets the product's speed, not monotonically: on the H200 the
-/// 8B Q4_0 token's floor was 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB), 2.25 at 105
-/// percent, 2.19-2.21 from 110 to 130 percent (QKV and gate-up gain, down and O are flat) and 2.61
-/// from 135 (BENCHMARKS.md, 2026-12-02 sixteenth session), so every product allocates 120 percent,
-/// the middle of the flat part. `DRIFT_DP4A_SMEM` (timing runs) overrides it: `PCT` for every product
-/// or `ROWSxK=PCT,...` for some (below 100 only where x is producer-quantized).
+/// many workgroups share an SM, and that sets the product's speed, not monotonically. On the H200 the
+/// 8B Q4_0 token's floor was 2.54 ms with 1 block, 2.32 with the pre-pass's (10-17 KiB), 2.19-2.21
+/// with 110-130 percent of it (QKV and gate-up gain, down and O flat), 2.61 from 135 percent, and
+/// 2.14 with O (64 blocks per workgroup) at 240 percent, the others' 153 blocks (BENCHMARKS.md,
+/// 2026-12-02 sixteenth session): so every product allocates [`DEFAULT_BLOCKS`] (~11 KiB), more
+/// only where its pre-pass needs more. `DRIFT_DP4A_SMEM` (timing runs) overrides it: `PCT` of the
+/// pre-pass's for every product or `ROWSxK=PCT,...` for some (below 100 only where x is
+/// producer-quantized).
 fn workgroup_blocks(slice: usize, rows: usize, k: usize, xq_in: bool, limit: u32) -> u32 {
-    let pct = std::env::var("DRIFT_DP4A_SMEM")
+    let full = max_blocks(slice);
+    let want = std::env::var("DRIFT_DP4A_SMEM")
         .ok()
-        .and_then(|v| smem_percent(&v, rows, k));
-    let pct = pct.unwrap_or(DEFAULT_SMEM_PERCENT);
-    blocks_at_percent(max_blocks(slice), pct, xq_in, limit)
+        .and_then(|v| smem_percent(&v, rows, k))
+        .map_or(DEFAULT_BLOCKS, |pct| full * pct / 100);
+    fit_blocks(want, full, xq_in, limit)
 }
 
-/// `pct` percent of the pre-pass's `full` blocks, within `limit` bytes of workgroup memory, and never
-/// fewer than the pre-pass needs where it runs (`xq_in` false).
-fn blocks_at_percent(full: u32, pct: u32, xq_in: bool, limit: u32) -> u32 {
-    let want = (full * pct / 100).max(1);
+/// `want` blocks within `limit` bytes of workgroup memory, at least 1, and never fewer than the
+/// pre-pass's `full` where it runs (`xq_in` false).
+fn fit_blocks(want: u32, full: u32, xq_in: bool, limit: u32) -> u32 {
     // Room for the kernel's other workgroup arrays (partial sums, paired rows).
     let cap = limit.saturating_sub(WG * 4 + 4096) / 72;
     if xq_in {
@@ -250,13 +252,26 @@ mod tests {
         );
         assert_eq!(smem_percent("6144x4096=75", 28672, 4096), None);
         let h200 = 48 * 1024;
-        assert_eq!(blocks_at_percent(128, 100, true, h200), 128);
-        assert_eq!(blocks_at_percent(128, 50, true, h200), 64);
-        assert_eq!(blocks_at_percent(128, 0, true, h200), 1);
+        assert_eq!(fit_blocks(128, 128, true, h200), 128);
+        assert_eq!(fit_blocks(64, 128, true, h200), 64);
+        assert_eq!(fit_blocks(0, 128, true, h200), 1);
         // The pre-pass keeps what it needs; padding stops at the device's workgroup memory.
-        assert_eq!(blocks_at_percent(128, 50, false, h200), 128);
-        assert_eq!(blocks_at_percent(128, 150, false, h200), 192);
-        assert_eq!(blocks_at_percent(224, 400, false, h200), 611);
+        assert_eq!(fit_blocks(64, 128, false, h200), 128);
+        assert_eq!(fit_blocks(192, 128, false, h200), 192);
+        assert_eq!(fit_blocks(896, 224, false, h200), 611);
+        // By default every product the same, the pre-pass's more where it needs more.
+        assert_eq!(
+            fit_blocks(DEFAULT_BLOCKS, max_blocks(2048), true, h200),
+            153
+        );
+        assert_eq!(
+            fit_blocks(DEFAULT_BLOCKS, max_blocks(7168), false, h200),
+            224
+        );
+        assert_eq!(
+            fit_blocks(DEFAULT_BLOCKS, max_blocks(7168), true, h200),
+            153
+        );
     }
 
     #[test]

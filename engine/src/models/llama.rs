@@ -190,8 +190,9 @@ pub struct LlamaModel {
     /// Fused matrix-vector stages (see the module docs); from `DRIFT_DECODE_FUSION` at load.
     fusion: bool,
     /// Whether the decode attention quantizes its output for the O product (where x is quantized
-    /// by its producers and the attention can); `None`: `DRIFT_DP4A_XQ_ATTN=1` when the programs
-    /// are built (off otherwise: not yet measured on a GPU).
+    /// by its producers and the attention can); `None`: on unless `DRIFT_DP4A_XQ_ATTN=0` when the
+    /// programs are built (8B Q4_0 on the H200: 2.210 -> 2.195 ms per token, BENCHMARKS.md
+    /// sixteenth session).
     attention_xq: Option<bool>,
     /// The whole decode step as one dispatch (`models::llama_step`), where it serves this model and
     /// device; preferred over `decode` / `decode_long`.
@@ -327,7 +328,7 @@ impl LlamaModel {
 
     fn attention_xq_wanted(&self) -> bool {
         self.attention_xq
-            .unwrap_or_else(|| std::env::var_os("DRIFT_DP4A_XQ_ATTN").is_some_and(|v| v == "1"))
+            .unwrap_or_else(|| std::env::var_os("DRIFT_DP4A_XQ_ATTN").is_none_or(|v| v != "0"))
     }
 
     /// Rebuilds the decode programs as they are (the one-dispatch step kept), their kernels
