@@ -266,7 +266,7 @@ mod tests {
         );
         assert_eq!(
             fit_blocks(DEFAULT_BLOCKS, max_blocks(7168), false, h200),
-            224
+            256
         );
         assert_eq!(
             fit_blocks(DEFAULT_BLOCKS, max_blocks(7168), true, h200),
