@@ -9,7 +9,8 @@
 // 4j .. 4j + 3 in word j: matvec_quant_dp4a.wgsl's split of x = d (qh + ql / 254)), then d, the sum of
 // the block's values and the sum of their squares before the gain (f32 bits), and a zero word. The
 // values are y = v * g (XQG: g the next RMSNorm's weight, the norm's 1 / rms is applied by the
-// consumer from the squares) with v the output as stored (rounded to TO).
+// consumer from the squares) with v the output as stored (rounded to TO; a driver may keep it
+// unrounded, the H200's does: within half an f16 ulp).
 //
 // The workgroup's XQ_VALS values (a whole number of blocks, starting on a block) are kept in
 // workgroup memory (xq_keep) and quantized together (xq_finish, uniform control flow).
