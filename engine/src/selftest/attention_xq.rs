@@ -2,7 +2,8 @@
 //! variant's XQA, [`crate::kernels::attention::attention_quantizing`]): per case, on fresh random
 //! inputs with every output poisoned, its output must equal the plain kernel's bit for bit, and each
 //! 32-element block it wrote must give back that output within the two int8 terms' bound
-//! (max |v| / 64516 of the block), with its sums of values and squares against f64 sums.
+//! (max |v| / 64516 of the block; plus half an f16 ulp for f16 outputs, which a driver may
+//! quantize unrounded), with its sums of values and squares against f64 sums.
 
 use super::{Check, Rng, compare, random, round_trip_rtol};
 use crate::error::Result;
